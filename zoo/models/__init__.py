@@ -1,0 +1,19 @@
+"""Model definitions and the registry that builds them by name."""
+
+from zoo.models import db  # noqa: F401
+from zoo.models import resnet  # noqa: F401  (imported so its models register)
+from zoo.models.registry import (
+    UnknownModelError,
+    compare_state_dict,
+    create_model,
+    list_models,
+    register_model,
+)
+
+__all__ = [
+    "register_model",
+    "list_models",
+    "create_model",
+    "UnknownModelError",
+    "compare_state_dict",
+]
