@@ -1,0 +1,173 @@
+"""Deterministic image transforms for classification.
+
+Every random decision is drawn from a ``numpy.random.Generator`` passed in
+explicitly, so a sample's augmentation is a pure function of the generator's
+seed (the datasets seed it with ``(seed, epoch, index)``).  No global RNG
+state is touched, which keeps results independent of worker count and
+iteration history.
+
+Images are HWC ``uint8`` RGB arrays as produced by ``cv2`` (after BGR->RGB).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+__all__ = [
+    "ClassificationTransform",
+    "center_crop",
+    "normalize_chw",
+    "random_hflip",
+    "random_resized_crop",
+    "random_resized_crop_box",
+    "resize_short",
+]
+
+
+def random_resized_crop_box(
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    attempts: int = 10,
+) -> tuple[int, int, int, int]:
+    """Sample a crop box ``(top, left, crop_h, crop_w)``.
+
+    The crop covers a uniformly sampled fraction ``scale`` of the image area
+    with a log-uniform aspect ratio in ``ratio``.  After ``attempts`` failures
+    (box does not fit), falls back to the largest centred crop whose aspect
+    ratio is clamped into ``ratio``.
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(attempts):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        crop_w = int(round(math.sqrt(target_area * aspect)))
+        crop_h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            top = int(rng.integers(0, height - crop_h + 1))
+            left = int(rng.integers(0, width - crop_w + 1))
+            return top, left, crop_h, crop_w
+    # Fallback: centre crop, clamping extreme input aspect ratios.
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        crop_w, crop_h = width, max(1, int(round(width / min(ratio))))
+    elif in_ratio > max(ratio):
+        crop_h, crop_w = height, max(1, int(round(height * max(ratio))))
+    else:
+        crop_h, crop_w = height, width
+    return (height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w
+
+
+def random_resized_crop(
+    img: np.ndarray,
+    size: int,
+    rng: np.random.Generator,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+) -> np.ndarray:
+    """Crop a random box (see :func:`random_resized_crop_box`) and resize it
+    to ``size x size``."""
+    top, left, crop_h, crop_w = random_resized_crop_box(
+        img.shape[0], img.shape[1], rng, scale, ratio
+    )
+    crop = img[top : top + crop_h, left : left + crop_w]
+    if crop.shape[0] == size and crop.shape[1] == size:
+        return crop
+    return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+
+
+def random_hflip(img: np.ndarray, rng: np.random.Generator, p: float = 0.5) -> np.ndarray:
+    """Mirror the image left-right with probability ``p``.
+
+    The random number is always drawn, so the generator advances identically
+    whatever the outcome.
+    """
+    if rng.random() < p:
+        return img[:, ::-1]
+    return img
+
+
+def resize_short(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize so that the shorter side equals ``size``, keeping aspect."""
+    height, width = img.shape[:2]
+    if min(height, width) == size:
+        return img
+    if height <= width:
+        new_h, new_w = size, max(1, int(round(width * size / height)))
+    else:
+        new_w, new_h = size, max(1, int(round(height * size / width)))
+    return cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+
+
+def center_crop(img: np.ndarray, size: int) -> np.ndarray:
+    """Take the centred ``size x size`` window; the image must be large enough."""
+    height, width = img.shape[:2]
+    if height < size or width < size:
+        raise ValueError(f"center_crop: image {height}x{width} is smaller than crop size {size}")
+    top, left = (height - size) // 2, (width - size) // 2
+    return img[top : top + size, left : left + size]
+
+
+def normalize_chw(img: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``(img / 255 - mean) / std`` and HWC -> CHW, as contiguous float32."""
+    mean_arr = np.asarray(mean, dtype=np.float32)
+    std_arr = np.asarray(std, dtype=np.float32)
+    out = (img.astype(np.float32) / np.float32(255.0) - mean_arr) / std_arr
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+class ClassificationTransform:
+    """The train or eval pipeline as one picklable callable ``(img, rng) -> CHW``.
+
+    ``train=True``: random resized crop to ``image_size`` + horizontal flip.
+    ``train=False``: resize short side to ``resize_size`` + centre crop
+    ``image_size``.  Both end with :func:`normalize_chw`.
+    """
+
+    def __init__(
+        self,
+        train: bool,
+        image_size: int,
+        resize_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        crop_scale: Sequence[float] = (0.08, 1.0),
+        crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+    ):
+        if image_size <= 0 or resize_size < image_size:
+            raise ValueError(
+                f"need 0 < image_size <= resize_size, got image_size={image_size}, "
+                f"resize_size={resize_size}"
+            )
+        if not (0 < crop_scale[0] <= crop_scale[1] <= 1):
+            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {tuple(crop_scale)}")
+        self.train = train
+        self.image_size = int(image_size)
+        self.resize_size = int(resize_size)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.crop_scale = tuple(float(s) for s in crop_scale)
+        self.crop_ratio = tuple(float(r) for r in crop_ratio)
+
+    def __call__(self, img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Apply the pipeline to an HWC uint8 RGB image."""
+        if self.train:
+            img = random_resized_crop(img, self.image_size, rng, self.crop_scale, self.crop_ratio)
+            img = random_hflip(img, rng)
+        else:
+            img = center_crop(resize_short(img, self.resize_size), self.image_size)
+        return normalize_chw(img, self.mean, self.std)
+
+    def __repr__(self) -> str:
+        kind = "train" if self.train else "eval"
+        return (
+            f"ClassificationTransform({kind}, image_size={self.image_size}, "
+            f"resize_size={self.resize_size}, crop_scale={self.crop_scale})"
+        )
