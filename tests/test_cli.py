@@ -1,0 +1,63 @@
+"""The entry points as a user types them: train, eval, --cfg job, typos, multirun."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT, TINY, run_tool
+
+
+def test_cfg_job_shows_recipe_values_and_cli_override(tmp_path):
+    out = run_tool(["tools/train.py", "model=resnet50", "amp=O2", "--cfg", "job"], ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "batch_size: 256" in out.stdout and "init_loss_scaling: 128.0" in out.stdout
+    out = run_tool(["tools/train.py", "model=resnet50", "amp=O2", "amp.init_loss_scaling=1024", "--cfg", "job"], ROOT)
+    assert "init_loss_scaling: 1024" in out.stdout
+
+
+def test_typo_and_bad_value_messages(tmp_path):
+    out = run_tool(["tools/train.py", "amp.init_los_scaling=3", "--cfg", "job"], ROOT)
+    assert out.returncode != 0 and "amp.init_los_scaling" in out.stderr
+    out = run_tool(["tools/train.py", "amp=O3"], ROOT)
+    assert out.returncode != 0 and "amp/O3" in out.stderr and "bf16_O1" in out.stderr
+    out = run_tool(["tools/train.py", *TINY, "model.batch_size=-2", f"hydra.run.dir={tmp_path}"], ROOT)
+    assert out.returncode == 2 and "error: model.batch_size: expected a positive integer, got -2" in out.stderr
+    out = run_tool(["tools/train.py", "data=imagenet", f"data.root={tmp_path}/none", f"hydra.run.dir={tmp_path}"], ROOT)
+    assert out.returncode == 2 and "data.root" in out.stderr
+
+
+@pytest.mark.slow
+def test_train_then_eval_as_a_user_would(tmp_path, ampzoo_home):
+    run = tmp_path / "run"
+    env = {"AMPZOO_HOME": str(ampzoo_home)}
+    out = run_tool(["tools/train.py", *TINY, "amp=O1", f"hydra.run.dir={run}"], ROOT, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    start = [line for line in out.stdout.splitlines() if line.startswith("precision:")]
+    assert len(start) == 1 and "requested fp16-O1, effective fp32 on cpu" in start[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["requested_precision"] == "fp16-O1" and summary["effective_precision"] == "fp32"
+
+    ev = tmp_path / "eval.json"
+    out = run_tool(["tools/eval.py", *TINY, "amp=O1", f"checkpoint={run}", f"output={ev}",
+                    f"hydra.run.dir={tmp_path / 'ev'}"], ROOT, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(ev.read_text())
+    # The best weights were saved at the final eval, so eval.py reproduces that number exactly.
+    assert result["metrics"] == summary["metrics"]
+    assert result["effective_precision"] == "fp32" and result["num_samples"] == 48
+
+    out = run_tool(["tools/eval.py", *TINY, f"checkpoint={tmp_path}/missing", f"hydra.run.dir={tmp_path / 'e2'}"],
+                   ROOT, env)
+    assert out.returncode == 2 and "missing" in out.stderr
+
+
+@pytest.mark.slow
+def test_multirun_sweep_writes_one_folder_per_job(tmp_path, ampzoo_home):
+    sweep = tmp_path / "sweep"
+    out = run_tool(["tools/train.py", "-m", *TINY, "trainer.max_steps=2", "amp=fp32,O1", "seed=0,1",
+                    f"hydra.sweep.dir={sweep}"], ROOT, {"AMPZOO_HOME": str(ampzoo_home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert len(summaries) == 4
+    got = sorted((s["requested_precision"], s["seed"]) for s in map(lambda p: json.loads(p.read_text()), summaries))
+    assert got == [("fp16-O1", 0), ("fp16-O1", 1), ("fp32", 0), ("fp32", 1)]

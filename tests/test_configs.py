@@ -1,0 +1,125 @@
+"""Every config of every group composes and instantiates; recipes and overrides resolve as documented."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import CONFIG_DIR, compose
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import zoo
+
+GROUPS = Path(CONFIG_DIR)
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (GROUPS / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def imagenet_root(tmp_path_factory):
+    """A two-class ImageNet-style list-file dataset, enough for data=imagenet to instantiate."""
+    import cv2
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("imagenet")
+    for split in ("train", "val"):
+        lines = []
+        for i in range(4):
+            (root / split).mkdir(exist_ok=True)
+            cv2.imwrite(str(root / split / f"{i}.png"), np.full((40, 48, 3), 60 * i, np.uint8))
+            lines.append(f"{split}/{i}.png {i % 2}")
+        (root / f"{split}_list.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_every_model_config_instantiates(model):
+    cfg = compose([f"model={model}"])
+    assert cfg.model.name == model and model in zoo.list_models()
+    net = instantiate(cfg.model.net)
+    assert net.fc.weight.shape[-1] == cfg.data.num_classes
+    assert instantiate(cfg.model.task).primary_metric == "top1"
+
+
+@pytest.mark.parametrize("amp", options("amp"))
+def test_every_amp_config_instantiates(amp):
+    a = instantiate(compose([f"amp={amp}"]).amp)
+    assert a.name == amp
+    assert a.requested == {"fp32": "fp32", "O1": "fp16-O1", "O2": "fp16-O2",
+                           "bf16_O1": "bf16-O1", "bf16_O2": "bf16-O2"}[amp]
+
+
+@pytest.mark.parametrize("group", ["optim", "sched", "trainer"])
+def test_every_optim_sched_trainer_config_instantiates(group):
+    import paddle
+
+    for choice in options(group):
+        cfg = compose([f"{group}={choice}", "model=resnet_tiny"])
+        if group == "optim":
+            opt = instantiate(cfg.optim.optimizer)(learning_rate=0.1, parameters=paddle.nn.Linear(2, 2).parameters())
+            assert opt.get_lr() == 0.1
+        elif group == "sched":
+            assert instantiate(cfg.sched)(base_lr=0.1, total_steps=100, steps_per_epoch=10).last_lr >= 0
+        else:
+            assert cfg.trainer.max_steps > 0
+
+
+@pytest.mark.parametrize("data", options("data"))
+def test_every_data_config_instantiates(data, imagenet_root):
+    extra = ["data.builder.num_train=20", "data.builder.num_val=10"] if data == "synthetic_shapes" else \
+        [f"data.root={imagenet_root}", "data.num_classes=2"]
+    cfg = compose([f"data={data}", "model=resnet_tiny", *extra])
+    ds = instantiate(cfg.data.builder).build("val", 0)
+    item = ds[0]
+    assert item["image"].shape[0] == 3 and 0 <= int(item["label"]) < cfg.data.num_classes
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes_and_instantiates(experiment, imagenet_root):
+    cfg = compose([f"experiment={experiment}", f"data.root={imagenet_root}"])
+    OmegaConf.resolve(cfg)
+    instantiate(cfg.amp)
+    instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=1000, steps_per_epoch=5)
+    assert cfg.model.name in zoo.list_models()
+
+
+def test_resnet50_imagenet_amp_mirrors_paddleclas():
+    cfg = compose(["experiment=resnet50_imagenet_amp", "data.root=/x"])
+    assert (cfg.model.name, cfg.data.name, cfg.amp.name) == ("resnet50", "imagenet", "O1")
+    assert cfg.optim.optimizer.momentum == 0.9 and cfg.optim.optimizer.weight_decay == 1e-4
+    assert cfg.optim.lr == 0.1 and cfg.optim.base_batch_size == 256
+    assert list(cfg.sched.boundary_epochs) == [30, 60, 90] and cfg.trainer.epochs == 120
+    assert cfg.amp.init_loss_scaling == 128.0  # PaddleClas scale_loss 128, dynamic
+
+
+def test_recipe_is_picked_from_model_and_amp_and_cli_wins():
+    o2 = compose(["model=resnet50", "amp=O2"])
+    assert o2.model.batch_size == 256 and o2.amp.init_loss_scaling == 128.0
+    assert compose(["model=resnet50", "amp=fp32"]).model.batch_size == 128
+    assert compose(["model=resnet50_vd", "amp=O1"]).model.batch_size == 256
+    # No recipe for resnet18: the model's own values stand.
+    assert compose(["model=resnet18", "amp=O2"]).model.batch_size == 64
+    cli = compose(["model=resnet50", "amp=O2", "amp.init_loss_scaling=1024", "model.batch_size=32"])
+    assert cli.amp.init_loss_scaling == 1024 and cli.model.batch_size == 32
+
+
+def test_scaler_parameters_are_top_level_amp_keys():
+    amp = compose(["amp=O1"]).amp
+    for key in ("init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps",
+                "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling"):
+        assert key in amp
+    # Defaults are Paddle 3.3's GradScaler defaults.
+    assert (amp.init_loss_scaling, amp.incr_ratio, amp.decr_ratio, amp.incr_every_n_steps,
+            amp.decr_every_n_nan_or_inf) == (65536.0, 2.0, 0.5, 2000, 1)
+
+
+def test_typos_fail_naming_the_key_or_choice():
+    with pytest.raises(ConfigCompositionException, match="init_los_scaling"):
+        compose(["amp.init_los_scaling=3"])
+    with pytest.raises(MissingConfigException, match="amp/O3"):
+        compose(["amp=O3"])
+    with pytest.raises(MissingConfigException, match="model/resnet9000"):
+        compose(["model=resnet9000"])

@@ -1,0 +1,180 @@
+"""Training engine: run folder contract, checkpoints, exact resume, refusing to overwrite, bad values."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import paddle
+import pytest
+
+from zoo.engine import checkpoint as ckpt
+from zoo.engine.metrics_log import read_metrics
+from zoo.engine.run import ConfigError, train
+from zoo.engine.trainer import Trainer
+
+SUMMARY_KEYS = {"model", "data", "seed", "requested_precision", "effective_precision", "device",
+                "primary_metric", "metrics", "steps", "images_per_s", "peak_memory_mb", "wall_time_s",
+                "skipped_steps", "final_loss_scale", "paddle_version", "git_revision"}
+
+
+def test_run_folder_contract(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("amp=O1"), tmp_path)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary, default=str))
+    assert SUMMARY_KEYS <= set(on_disk)
+    # AMP asked for on a CPU: the run says what it asked and what it really computed in.
+    assert on_disk["requested_precision"] == "fp16-O1"
+    assert on_disk["effective_precision"] == "fp32" and on_disk["device"] == "cpu"
+    assert on_disk["final_loss_scale"] is None and on_disk["steps"] == 4
+    assert 0.0 <= on_disk["primary_metric"]["value"] <= 1.0 and on_disk["primary_metric"]["name"] == "top1"
+    train_recs = read_metrics(tmp_path / "metrics.jsonl", "train")
+    assert [r["step"] for r in train_recs] == [1, 2, 3, 4]
+    assert all({"loss", "lr", "loss_scale", "skipped_steps", "images_per_s"} <= set(r) for r in train_recs)
+    assert read_metrics(tmp_path / "metrics.jsonl", "eval")[-1]["top1"] == on_disk["metrics"]["top1"]
+    assert (tmp_path / "checkpoints" / ckpt.LAST).is_file() and (tmp_path / "checkpoints" / ckpt.BEST).is_file()
+    assert "resnet_tiny" in (tmp_path / "config.yaml").read_text()
+
+
+def test_checkpoint_round_trip_holds_full_state(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.ema_decay=0.9"), tmp_path)
+    state = ckpt.load(tmp_path / "checkpoints" / ckpt.LAST)
+    assert {"model", "optimizer", "scheduler", "amp", "ema", "step", "rng", "config"} <= set(state)
+    assert state["step"] == 4 and "scaler" in state["amp"] and state["ema"]["updates"] == 4
+    # The saved model weights are the ones training ended with.
+    final = paddle.load(str(tmp_path / "checkpoints" / ckpt.BEST))
+    assert set(final) == set(state["model"])
+
+
+def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "c.pdckpt"
+    ckpt.atomic_save({"model": {}, "step": 1}, target)
+
+    def boom(obj, path):
+        open(path, "wb").write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(paddle, "save", boom)
+    with pytest.raises(OSError):
+        ckpt.atomic_save({"model": {}, "step": 2}, target)
+    assert ckpt.load(target)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pdckpt"]
+
+
+def test_corrupt_checkpoint_is_named(tmp_path):
+    bad = tmp_path / "last.pdckpt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ckpt.CheckpointError, match=str(bad)):
+        ckpt.load(bad)
+
+
+def _losses(path):
+    return [(r["step"], r["loss"], r["lr"]) for r in read_metrics(path / "metrics.jsonl", "train")]
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch):
+    over = ["trainer.max_steps=6", "trainer.ckpt_every=3", "trainer.ema_decay=0.8", "seed=3"]
+    full = train(tiny_cfg(*over), tmp_path / "runs" / "full")
+
+    # Same run, killed during step 5 (after the checkpoint at step 3 was written).
+    real_step = Trainer.train_step
+
+    def dies_at_5(self, batch):
+        if self.step == 4:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", dies_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg(*over), tmp_path / "runs2" / "a_killed")
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    assert not (tmp_path / "runs2" / "a_killed" / "summary.json").exists()
+
+    # A new invocation with resume=auto finds the killed sibling run and continues from step 3.
+    resumed = train(tiny_cfg(*over, "trainer.resume=auto"), tmp_path / "runs2" / "b_resumed")
+    assert resumed["resumed_from"].endswith("a_killed/checkpoints/last.pdckpt")
+    assert _losses(tmp_path / "runs2" / "b_resumed") == _losses(tmp_path / "runs" / "full")
+    assert resumed["param_digests"] == full["param_digests"]
+    assert resumed["metrics"] == full["metrics"]
+
+
+def test_resume_in_same_folder_and_refusal_to_overwrite(tiny_cfg, tmp_path):
+    train(tiny_cfg(), tmp_path)
+    before = (tmp_path / "checkpoints" / ckpt.LAST).read_bytes()
+    with pytest.raises(ckpt.CheckpointError, match="already holds a run"):
+        train(tiny_cfg(), tmp_path)
+    assert (tmp_path / "checkpoints" / ckpt.LAST).read_bytes() == before
+    # Resuming a finished run in place with more steps continues from its last step.
+    more = train(tiny_cfg("trainer.max_steps=6", "trainer.resume=auto"), tmp_path)
+    assert more["steps"] == 6
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl", "train")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.batch_size=-4", "model.batch_size"),
+    ("model.eval_batch_size=0", "model.eval_batch_size"),
+    ("amp.level=O7", "amp.level"),
+    ("amp.dtype=float8", "amp.dtype"),
+    ("model.net.name=resnet9000", "model.net.name"),
+    ("optim.lr=-1", "optim.lr"),
+    ("trainer.max_steps=0", "trainer.max_steps"),
+    ("amp.on_unsupported=error", "on_unsupported=error"),
+])
+def test_bad_values_fail_before_training_naming_the_key(tiny_cfg, tmp_path, override, key):
+    with pytest.raises(Exception, match=key.replace(".", r"\.")):
+        train(tiny_cfg("amp=O1", override), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_missing_data_root_is_named(tmp_path):
+    from conftest import compose
+
+    cfg = compose(["model=resnet_tiny", "data=imagenet", f"data.root={tmp_path / 'nowhere'}"])
+    with pytest.raises(ConfigError, match="data.root"):
+        train(cfg, tmp_path / "run")
+
+
+def test_nonfinite_loss_without_scaler_stops_clearly(tiny_cfg, tmp_path):
+    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
+        train(_nan_cfg(tiny_cfg), tmp_path)
+
+
+def _nan_cfg(tiny_cfg):
+    cfg = tiny_cfg("trainer.max_steps=3", "sched.warmup_steps=0")
+    cfg.model.task._target_ = "tests.test_engine.NaNTask"  # loss that is NaN on the first step
+    return cfg
+
+
+class NaNTask:
+    primary_metric = "top1"
+
+    def __init__(self, **_):
+        pass
+
+    def losses(self, model, batch):
+        out = model(batch["image"]).astype("float32").mean()
+        return {"loss": out * float("nan")}
+
+    def eval_stats(self, model, batch):
+        return {"count": 1.0, "top1_correct": 0.0}
+
+    def compute_metrics(self, sums):
+        return {"top1": 0.0}
+
+
+def test_schedule_warmup_and_piecewise():
+    from zoo.engine import schedules
+
+    s = schedules.piecewise(0.1, total_steps=40, steps_per_epoch=10, boundary_epochs=[1, 2], gamma=0.1)
+    lrs = []
+    for _ in range(30):
+        lrs.append(s.last_lr)
+        s.step()
+    assert np.allclose([lrs[0], lrs[9], lrs[10], lrs[20]], [0.1, 0.1, 0.01, 0.001])
+    w = schedules.cosine(1.0, total_steps=10, steps_per_epoch=5, warmup_steps=4, warmup_start_factor=0.0)
+    seen = []
+    for _ in range(10):
+        seen.append(w.last_lr)
+        w.step()
+    assert seen[0] == 0.0 and np.isclose(seen[2], 0.5) and np.isclose(seen[4], 1.0) and seen[9] < 0.1
+    with pytest.raises(ValueError, match="warmup_steps"):
+        schedules.constant(0.1, total_steps=5, steps_per_epoch=5, warmup_steps=5)

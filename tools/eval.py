@@ -1,0 +1,28 @@
+"""Evaluate a checkpoint: ``python tools/eval.py model=resnet18 checkpoint=outputs/<run>/<stamp>``.
+
+Uses the same config groups as training (model, data, amp, recipe) and writes the metrics as JSON
+(``eval.json`` in its Hydra run folder, and at ``output=PATH`` if given).
+"""
+from __future__ import annotations
+
+import json
+
+import _entry  # noqa: F401  (sets sys.path and resolvers before Hydra runs)
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path=_entry.CONFIG_DIR, config_name="eval")
+def main(cfg: DictConfig) -> None:
+    from zoo.engine.evaluate_run import evaluate_checkpoint
+
+    try:
+        result = evaluate_checkpoint(cfg, HydraConfig.get().runtime.output_dir)
+    except _entry.user_errors() as err:
+        _entry.fail(err)
+    print(json.dumps(result["metrics"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

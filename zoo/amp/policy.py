@@ -1,0 +1,196 @@
+"""The AMP component: the one place where precision is handled.
+
+The training loop calls the same four things whatever the precision (STYLE.md: nanoGPT's
+``GradScaler(enabled=...)``, timm's NativeScaler, mmengine's AmpOptimWrapper)::
+
+    model, optimizer = amp.setup(model, optimizer, device)   # once
+    with amp.autocast():
+        losses = task.losses(model, batch)
+    amp.backward(losses["loss"])
+    stepped = amp.step(optimizer)        # False when the loss scaler skipped the update
+
+What was *requested* and what is *effective* are kept apart and both recorded: a request for fp16
+on a device where Paddle's AMP cannot act is never reported as fp16 (``amp.on_unsupported``).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import paddle
+
+from zoo.amp.capability import DeviceInfo
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("O0", "O1", "O2")
+DTYPES = ("float16", "bfloat16")
+ON_UNSUPPORTED = ("fp32", "error", "emulate")
+_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+class AmpConfigError(ValueError):
+    """An ``amp.*`` config value is invalid; the message names the key."""
+
+
+class AmpUnsupportedError(RuntimeError):
+    """AMP was requested on a device that cannot run it and ``amp.on_unsupported`` said so."""
+
+
+def _check(cond: bool, key: str, expected: str, got) -> None:
+    if not cond:
+        raise AmpConfigError(f"amp.{key}: expected {expected}, got {got!r}")
+
+
+class Amp:
+    """Autocast, O2 decoration and loss scaling behind one interface.
+
+    Arguments mirror ``paddle.amp.auto_cast``, ``paddle.amp.decorate`` and ``paddle.amp.GradScaler``
+    (same names, same defaults as Paddle 3.3), plus ``on_unsupported`` (``fp32`` | ``error`` |
+    ``emulate``) deciding what happens when the device cannot run the requested precision.
+    """
+
+    def __init__(self, name: str = "fp32", enabled: bool = False, level: str = "O1",
+                 dtype: str = "float16", custom_white_list=(), custom_black_list=(),
+                 master_weight: bool = True, master_grad: bool = False,
+                 init_loss_scaling: float = 65536.0, incr_ratio: float = 2.0,
+                 decr_ratio: float = 0.5, incr_every_n_steps: int = 2000,
+                 decr_every_n_nan_or_inf: int = 1, use_dynamic_loss_scaling: bool = True,
+                 on_unsupported: str = "fp32"):
+        _check(isinstance(enabled, bool), "enabled", "true or false", enabled)
+        _check(level in LEVELS, "level", f"one of {', '.join(LEVELS)}", level)
+        _check(dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}", dtype)
+        _check(on_unsupported in ON_UNSUPPORTED, "on_unsupported",
+               f"one of {', '.join(ON_UNSUPPORTED)}", on_unsupported)
+        _check(float(init_loss_scaling) > 0, "init_loss_scaling", "a positive number", init_loss_scaling)
+        _check(float(incr_ratio) > 1.0, "incr_ratio", "a number > 1", incr_ratio)
+        _check(0.0 < float(decr_ratio) < 1.0, "decr_ratio", "a number in (0, 1)", decr_ratio)
+        _check(int(incr_every_n_steps) >= 1, "incr_every_n_steps", "an integer >= 1", incr_every_n_steps)
+        _check(int(decr_every_n_nan_or_inf) >= 1, "decr_every_n_nan_or_inf", "an integer >= 1",
+               decr_every_n_nan_or_inf)
+        for key, lst in (("custom_white_list", custom_white_list), ("custom_black_list", custom_black_list)):
+            _check(all(isinstance(op, str) for op in lst), key, "a list of Paddle op names", list(lst))
+        self.name = name
+        self.enabled = enabled and level != "O0"
+        self.level, self.dtype = level, dtype
+        self.white, self.black = sorted(custom_white_list), sorted(custom_black_list)
+        self.master_weight, self.master_grad = master_weight, master_grad
+        self.scaler_args = dict(init_loss_scaling=float(init_loss_scaling), incr_ratio=float(incr_ratio),
+                                decr_ratio=float(decr_ratio), incr_every_n_steps=int(incr_every_n_steps),
+                                decr_every_n_nan_or_inf=int(decr_every_n_nan_or_inf),
+                                use_dynamic_loss_scaling=bool(use_dynamic_loss_scaling))
+        self.on_unsupported = on_unsupported
+        self.effective = "fp32"
+        self.reason = "AMP not requested"
+        self.scaler: paddle.amp.GradScaler | None = None
+        self.skipped_steps = 0
+
+    # ---- what was asked and what runs -------------------------------------------------------
+    @property
+    def requested(self) -> str:
+        """Requested precision, e.g. ``fp16-O1``; ``fp32`` when AMP is off."""
+        return f"{_SHORT[self.dtype]}-{self.level}" if self.enabled else "fp32"
+
+    @property
+    def active(self) -> bool:
+        """True when Paddle's AMP really computes in low precision on this device."""
+        return self.effective != "fp32"
+
+    def resolve(self, device: DeviceInfo) -> str:
+        """Decide the effective precision on ``device``; raise if ``on_unsupported=error``."""
+        if not self.enabled:
+            self.effective, self.reason = "fp32", "AMP not requested"
+            return self.effective
+        ok, why = device.supports(self.dtype)
+        if ok:
+            self.effective, self.reason = self.requested, why
+        elif self.on_unsupported == "fp32":
+            self.effective = "fp32"
+            self.reason = f"{why}; amp.on_unsupported=fp32, so this run computes in FP32"
+        elif self.on_unsupported == "error":
+            raise AmpUnsupportedError(f"{self.requested} requested on {device.name}: {why} "
+                                      "(amp.on_unsupported=error). Set amp.on_unsupported=fp32 to "
+                                      "run FP32 and record it, or use amp=fp32.")
+        else:
+            raise AmpUnsupportedError(
+                f"{self.requested} requested on {device.name} with amp.on_unsupported=emulate: "
+                f"{why}, and CPU emulation of {self.dtype} numerics is not available in this version "
+                "(tracked as issue 4). Use amp.on_unsupported=fp32 to run FP32 and record it.")
+        return self.effective
+
+    def describe(self, device: DeviceInfo) -> str:
+        """The one line printed at start: requested vs effective precision and why."""
+        line = f"precision: requested {self.requested}, effective {self.effective} on {device.name}"
+        if self.requested != self.effective or not self.active:
+            line += f" ({self.reason})"
+        if self.scaler is not None:
+            a = self.scaler_args
+            line += (f"; loss scale {a['init_loss_scaling']:g}"
+                     f"{' dynamic' if a['use_dynamic_loss_scaling'] else ' static'}")
+        return line
+
+    # ---- the four calls the loop makes ------------------------------------------------------
+    def setup(self, model, optimizer, device: DeviceInfo):
+        """Resolve precision, decorate for O2 and build the scaler. Returns (model, optimizer).
+
+        ``optimizer`` may be None (evaluation only): then no scaler is built.
+        """
+        self.resolve(device)
+        if not self.active:
+            return model, optimizer
+        if self.level == "O2":
+            # save_dtype float32 keeps checkpoints fp32 whatever the compute dtype (PaddleClas does
+            # the same); master_grad accumulates fp32 grads (PaddleDetection PR #8305).
+            out = paddle.amp.decorate(
+                models=model, optimizers=optimizer, level="O2", dtype=self.dtype,
+                master_weight=self.master_weight, save_dtype="float32", master_grad=self.master_grad)
+            model, optimizer = out if optimizer is not None else (out, None)
+        if self.dtype == "float16" and optimizer is not None:  # Paddle's scaler is off for bf16
+            self.scaler = paddle.amp.GradScaler(enable=True, **self.scaler_args)
+        return model, optimizer
+
+    def autocast(self):
+        """Context in which the forward pass runs (a no-op when the effective precision is FP32)."""
+        if not self.active:
+            return contextlib.nullcontext()
+        return paddle.amp.auto_cast(enable=True, custom_white_list=self.white or None,
+                                    custom_black_list=self.black or None, level=self.level,
+                                    dtype=self.dtype)
+
+    def backward(self, loss: paddle.Tensor) -> None:
+        """Backward of the (scaled) loss."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer) -> bool:
+        """Unscale, step unless gradients overflowed, update the scale. True if parameters moved."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        self.scaler.step(optimizer)
+        found_inf = bool(self.scaler._cache_found_inf)  # set by GradScaler.step, Paddle 3.x
+        self.scaler.update()
+        self.skipped_steps += int(found_inf)
+        return not found_inf
+
+    @property
+    def loss_scale(self) -> float | None:
+        """Current loss scale, None when no scaler is in use."""
+        if self.scaler is None:
+            return None
+        return float(self.scaler._scale)
+
+    # ---- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Scaler state (Paddle's keys) plus the zoo's skip counter; empty scaler state if none."""
+        return {"scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                "skipped_steps": self.skipped_steps, "effective": self.effective}
+
+    def set_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` wrote; refuses a checkpoint of another precision."""
+        saved = state.get("effective", "fp32")
+        if saved != self.effective:
+            raise AmpConfigError(f"checkpoint was trained with effective precision {saved}, this run "
+                                 f"is {self.effective}; resume with the same amp settings")
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))

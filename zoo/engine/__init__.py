@@ -1,0 +1,1 @@
+"""Training engine: loop, evaluation, checkpoints, schedules, EMA, distributed helpers."""

@@ -1,0 +1,26 @@
+"""Evaluation shared by training (periodic and final) and tools/eval.py."""
+from __future__ import annotations
+
+import paddle
+from tqdm import tqdm
+
+from zoo.data import EvalBatchSampler, build_loader
+from zoo.engine import distributed as dist
+
+
+def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
+             progress: bool = False) -> dict[str, float]:
+    """Run ``task.eval_stats`` over this rank's shard of ``val_set``, pool over ranks, compute metrics.
+
+    Evaluation runs under the same autocast as training, so an AMP run is judged in the precision
+    it would be deployed with. The model is left in eval mode; callers switch it back.
+    """
+    sampler = EvalBatchSampler(len(val_set), batch_size, dist.rank(), dist.world_size())
+    loader = build_loader(val_set, sampler, num_workers)
+    sums: dict[str, float] = {}
+    model.eval()
+    with paddle.no_grad(), amp.autocast():
+        for batch in tqdm(loader, desc="eval", leave=False, disable=not (progress and dist.is_main())):
+            for k, v in task.eval_stats(model, batch).items():
+                sums[k] = sums.get(k, 0.0) + v
+    return task.compute_metrics(dist.all_reduce_sums(sums))

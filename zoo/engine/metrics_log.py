@@ -1,0 +1,46 @@
+"""The run's metrics log: one JSON object per line (``metrics.jsonl``), written by rank 0."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    """Append-only JSON-lines log. ``kind`` is ``train`` (per log step) or ``eval``."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def write(self, kind: str, step: int, **values) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
+
+    def carry_over(self, previous: Path, up_to_step: int) -> int:
+        """Copy a killed run's lines up to the resumed step, so this log holds the whole curve."""
+        if not self.enabled or not previous.is_file():
+            return 0
+        kept = [line for line in previous.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= up_to_step]
+        # Resuming in the same folder: drop lines logged after the checkpoint, they will be redone.
+        same = self.path.exists() and previous.resolve() == self.path.resolve()
+        with open(self.path, "w" if same else "a") as f:
+            f.writelines(line + "\n" for line in kept)
+        return len(kept)
+
+
+def read_metrics(path: Path, kind: str | None = None) -> list[dict]:
+    """All records of a metrics log (optionally one kind), naming the line of a corrupt record."""
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not a JSON record ({e.msg})") from e
+        if kind is None or rec.get("kind") == kind:
+            out.append(rec)
+    return out

@@ -1,0 +1,59 @@
+"""Facts about a run that go into summary.json, and the run-folder time stamp."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import resource
+import subprocess
+from pathlib import Path
+
+import paddle
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def git_revision() -> str:
+    """Commit of the zoo's source tree, with ``-dirty`` when it has local changes; ``unknown`` outside git."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def peak_memory_mb() -> tuple[float, str]:
+    """Peak memory and what it measures: device memory on a GPU, the process's peak RSS on a CPU."""
+    if paddle.device.get_device().startswith("gpu"):
+        return paddle.device.cuda.max_memory_allocated() / 2**20, "gpu_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "host_rss"
+
+
+def run_stamp() -> str:
+    """Time stamp for the run folder, equal on every rank of one launch.
+
+    Ranks start at slightly different times; under ``paddle.distributed.launch`` they share the
+    launcher as parent, so its start time names the folder. ``AMPZOO_RUN_STAMP`` overrides.
+    """
+    if os.environ.get("AMPZOO_RUN_STAMP"):
+        return os.environ["AMPZOO_RUN_STAMP"]
+    when = _dt.datetime.now()
+    if "PADDLE_TRAINER_ID" in os.environ:
+        try:
+            start_ticks = int(Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            boot = float(next(line for line in Path("/proc/stat").read_text().splitlines()
+                              if line.startswith("btime")).split()[1])
+            when = _dt.datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return when.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Write JSON through a temp file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)

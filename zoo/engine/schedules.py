@@ -1,0 +1,55 @@
+"""Learning-rate schedules, stepped once per iteration, with optional linear warm-up.
+
+Configs (``configs/sched/*.yaml``) are partials of these functions; the entry point completes them
+with the base LR and the run's length, then hands the scheduler to the optimizer partial.
+Boundaries given in epochs are converted with ``steps_per_epoch`` (PaddleClas states its piecewise
+schedule in epochs: 30/60/90).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import paddle.optimizer.lr as lr
+
+
+def _warmup(sched, base_lr: float, warmup_steps: int, warmup_start_factor: float):
+    if warmup_steps <= 0:
+        return sched
+    return lr.LinearWarmup(sched, warmup_steps=warmup_steps,
+                           start_lr=base_lr * warmup_start_factor, end_lr=base_lr)
+
+
+def _check(total_steps: int, warmup_steps: int) -> None:
+    if warmup_steps < 0 or warmup_steps >= max(total_steps, 1):
+        raise ValueError(f"sched.warmup_steps: expected 0 <= warmup_steps < total steps "
+                         f"({total_steps}), got {warmup_steps}")
+
+
+def constant(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_steps: int = 0,
+             warmup_start_factor: float = 0.0):
+    """Constant LR (PaddleOCR's DB recipes), after an optional warm-up."""
+    _check(total_steps, warmup_steps)
+    return _warmup(lr.PiecewiseDecay([total_steps + 1], [base_lr, base_lr]), base_lr, warmup_steps,
+                   warmup_start_factor)
+
+
+def cosine(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_steps: int = 0,
+           warmup_start_factor: float = 0.0, eta_min: float = 0.0):
+    """Cosine decay from ``base_lr`` to ``eta_min`` over the steps after warm-up."""
+    _check(total_steps, warmup_steps)
+    return _warmup(lr.CosineAnnealingDecay(base_lr, T_max=max(total_steps - warmup_steps, 1),
+                                           eta_min=eta_min), base_lr, warmup_steps, warmup_start_factor)
+
+
+def piecewise(base_lr: float, total_steps: int, steps_per_epoch: int,
+              boundary_epochs: Sequence[float] = (), boundary_steps: Sequence[int] = (),
+              gamma: float = 0.1, warmup_steps: int = 0, warmup_start_factor: float = 0.0):
+    """Multiply the LR by ``gamma`` at each boundary (given in epochs or in steps, not both)."""
+    _check(total_steps, warmup_steps)
+    if boundary_epochs and boundary_steps:
+        raise ValueError("sched: give boundary_epochs or boundary_steps, not both")
+    bounds = [int(round(e * steps_per_epoch)) for e in boundary_epochs] or [int(s) for s in boundary_steps]
+    if bounds != sorted(bounds) or any(b <= 0 for b in bounds):
+        raise ValueError(f"sched boundaries must be positive and increasing, got {bounds}")
+    values = [base_lr * gamma**i for i in range(len(bounds) + 1)]
+    return _warmup(lr.PiecewiseDecay(bounds, values), base_lr, warmup_steps, warmup_start_factor)

@@ -1,0 +1,222 @@
+"""The training loop: one call sequence for every precision, few hooks in a visible order.
+
+After every optimizer step the hooks run in ``HOOK_ORDER``: the LR scheduler steps, then the log
+hook (metrics line, progress bar), the eval hook (every ``eval_every`` steps, keeping the best
+weights) and the checkpoint hook (every ``ckpt_every`` steps, atomic). The loop never branches on
+precision: that is the Amp component's business.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from zoo.data import TrainBatchSampler, build_loader
+from zoo.engine import checkpoint as ckpt
+from zoo.engine import distributed as dist
+from zoo.engine.evaluate import evaluate
+from zoo.engine.metrics_log import MetricsLog
+from zoo.engine.runinfo import peak_memory_mb
+
+log = logging.getLogger(__name__)
+
+HOOK_ORDER = ("lr_step", "log", "eval", "checkpoint")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN/inf in a run without a loss scaler to absorb it."""
+
+
+@dataclass
+class TrainerSettings:
+    """``trainer.*`` config values (see configs/trainer/default.yaml for their meaning)."""
+
+    max_steps: int = 100
+    epochs: float | None = None
+    log_every: int = 10
+    eval_every: int = 0
+    ckpt_every: int = 50
+    resume: str | None = None
+    progress: bool = True
+    num_workers: int = 0
+
+    def __post_init__(self):
+        for key in ("max_steps", "log_every", "ckpt_every"):
+            if int(getattr(self, key)) <= 0:
+                raise ValueError(f"trainer.{key}: expected a positive integer, got {getattr(self, key)!r}")
+        if int(self.eval_every) < 0:
+            raise ValueError(f"trainer.eval_every: expected >= 0 (0 = only at the end), got {self.eval_every!r}")
+        if self.epochs is not None and float(self.epochs) <= 0:
+            raise ValueError(f"trainer.epochs: expected a positive number or null, got {self.epochs!r}")
+
+
+class Trainer:
+    """Runs training to ``max_steps`` and returns the summary facts it measured."""
+
+    def __init__(self, model, task, amp, optimizer, scheduler, train_set, val_set, batch_size: int,
+                 eval_batch_size: int, seed: int, settings: TrainerSettings, out_dir: Path,
+                 ema=None, config_yaml: str = ""):
+        self.model, self.task, self.amp = model, task, amp
+        self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
+        self.train_set, self.val_set = train_set, val_set
+        self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
+        self.s = settings
+        self.out_dir = Path(out_dir)
+        self.config_yaml = config_yaml
+        self.main = dist.is_main()
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.main)
+        self.step = 0
+        self.best: dict = {}
+        self.last_eval: dict = {}
+        self.train_time = 0.0
+        self.images_seen = 0
+        self.resumed_from: str | None = None
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        layer = dist.unwrap(self.model)
+        return {"format": "ampzoo-ckpt-1", "step": self.step, "model": layer.state_dict(),
+                "optimizer": ckpt.optimizer_state_portable(self.optimizer.state_dict(), layer),
+                "scheduler": self.scheduler.state_dict(),
+                "amp": self.amp.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
+                "rng": ckpt.rng_state(), "best": self.best, "train_time": self.train_time,
+                "images_seen": self.images_seen, "config": self.config_yaml}
+
+    def load_state_dict(self, state: dict, source: Path) -> None:
+        missing, unexpected = dist.unwrap(self.model).set_state_dict(state["model"])
+        if missing or unexpected:
+            raise ckpt.CheckpointError(f"{source} does not fit this model: missing {missing[:5]}, "
+                                       f"unexpected {unexpected[:5]}")
+        self.optimizer.set_state_dict(ckpt.optimizer_state_local(state["optimizer"], dist.unwrap(self.model)))
+        self.scheduler.set_state_dict(state["scheduler"])
+        self.amp.set_state_dict(state["amp"])
+        if self.ema is not None and state.get("ema"):
+            self.ema.set_state_dict(state["ema"])
+        ckpt.set_rng_state(state["rng"])
+        self.step, self.best = int(state["step"]), dict(state.get("best") or {})
+        self.train_time = float(state.get("train_time", 0.0))
+        self.images_seen = int(state.get("images_seen", 0))
+
+    def save_checkpoint(self) -> None:
+        dist.sync_buffers(self.model, self.ema)
+        if self.main:
+            ckpt.atomic_save(self.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.LAST)
+        dist.barrier()
+
+    def _maybe_resume(self) -> None:
+        own = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
+        path = ckpt.find_resume(self.s.resume, self.out_dir)
+        if path is None and own.is_file():
+            raise ckpt.CheckpointError(
+                f"{self.out_dir} already holds a run ({own}); pass trainer.resume=auto to continue it "
+                "or choose another hydra.run.dir. Nothing was overwritten.")
+        if path is None:
+            return
+        self.load_state_dict(ckpt.load(path), path)
+        self.resumed_from = str(path)
+        self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step)
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def fit(self) -> dict:
+        """Train (resuming if asked), evaluate at the end, write the final checkpoint."""
+        self._maybe_resume()
+        sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
+                                    dist.world_size(), drop_last=True, start_step=self.step)
+        self.steps_per_epoch = sampler.steps_per_epoch
+        if self.s.epochs is not None:
+            self.s.max_steps = int(math.ceil(float(self.s.epochs) * self.steps_per_epoch))
+        loader = build_loader(self.train_set, sampler, self.s.num_workers)
+        bar = tqdm(total=self.s.max_steps, initial=self.step, disable=not (self.main and self.s.progress),
+                   desc="train", dynamic_ncols=True)
+        self.model.train()
+        window = {"loss_sum": 0.0, "steps": 0, "time": 0.0, "terms": {}}
+        data_iter = iter(loader)
+        while self.step < self.s.max_steps:
+            t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
+            batch = next(data_iter)
+            window["lr"] = float(self.optimizer.get_lr())  # the LR this step uses
+            terms = self.train_step(batch)
+            dt = time.perf_counter() - t0
+            self.train_time += dt
+            self.images_seen += self.batch_size * dist.world_size()
+            window["time"] += dt
+            window["steps"] += 1
+            for k, v in terms.items():
+                window["terms"][k] = window["terms"].get(k, 0.0) + v
+            self.step += 1
+            bar.update(1)
+            self._after_step(window, bar)
+        bar.close()
+        final = self.evaluate() if self.last_eval.get("step") != self.step else self.last_eval["metrics"]
+        self.save_checkpoint()
+        return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
+                "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
+                "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
+
+    def train_step(self, batch) -> dict[str, float]:
+        """Forward, backward, optimizer step: the same calls whatever the precision."""
+        with self.amp.autocast():
+            losses = self.task.losses(self.model, batch)
+        self.amp.backward(losses["loss"])
+        stepped = self.amp.step(self.optimizer)
+        self.optimizer.clear_grad()
+        values = {k: float(v) for k, v in losses.items()}
+        if not math.isfinite(values["loss"]) and self.amp.scaler is None:
+            raise NonFiniteLossError(
+                f"loss is {values['loss']} at step {self.step + 1} ({self.amp.effective}, no loss "
+                f"scaler); last complete checkpoint: {self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}")
+        if stepped and self.ema is not None:
+            self.ema.update(dist.unwrap(self.model))
+        return values
+
+    def _after_step(self, window: dict, bar) -> None:
+        self.scheduler.step()  # hook 1: lr_step
+        if self.step % self.s.log_every == 0 or self.step == self.s.max_steps:  # hook 2: log
+            n = max(window["steps"], 1)
+            rec = {k: v / n for k, v in window["terms"].items()}
+            images = n * self.batch_size * dist.world_size()
+            rec.update(lr=window["lr"], loss_scale=self.amp.loss_scale,
+                       skipped_steps=self.amp.skipped_steps, epoch=self.step / self.steps_per_epoch,
+                       time=time.time(), images_per_s=images / max(window["time"], 1e-9))
+            self.metrics.write("train", self.step, **rec)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
+                            scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
+                            ips=f"{rec['images_per_s']:.1f}")
+            window.update(loss_sum=0.0, steps=0, time=0.0, terms={})
+        if self.s.eval_every and self.step % self.s.eval_every == 0:  # hook 3: eval
+            self.evaluate()
+        if self.step % self.s.ckpt_every == 0 and self.step < self.s.max_steps:  # hook 4: checkpoint
+            self.save_checkpoint()
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate (EMA weights when EMA is on), log, and keep the best weights."""
+        model = dist.unwrap(self.model)
+        dist.sync_buffers(model, self.ema)
+        weights = self.ema.applied(model) if self.ema is not None else contextlib.nullcontext()
+        with weights:
+            metrics = evaluate(model, self.task, self.amp, self.val_set, self.eval_batch_size,
+                               self.s.num_workers, self.s.progress)
+            primary = metrics[self.task.primary_metric]
+            if not self.best or primary > self.best["value"]:
+                self.best = {"step": self.step, "value": primary, "metric": self.task.primary_metric}
+                if self.main:
+                    ckpt.atomic_save(model.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.BEST)
+        model.train()
+        self.metrics.write("eval", self.step, **metrics)
+        self.last_eval = {"step": self.step, "metrics": metrics}
+        if self.main:
+            log.info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        return metrics
+
+
+def run_facts() -> dict:
+    """Device-independent facts measured at the end of a run."""
+    mem, kind = peak_memory_mb()
+    return {"peak_memory_mb": round(mem, 1), "peak_memory_kind": kind}

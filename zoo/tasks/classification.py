@@ -1,0 +1,40 @@
+"""Image classification as a task: loss dict for training, summable statistics for evaluation.
+
+The engine calls only ``losses``, ``eval_stats`` and ``compute_metrics``, so DB, PP-YOLOE and
+ResNet share one loop (STYLE.md: the model or a small task object returns the loss dict).
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.nn.functional as F
+
+from zoo.metrics import accuracy_from_counts, topk_correct
+
+
+class ClassificationTask:
+    """Cross-entropy training (optional label smoothing) and top-k evaluation."""
+
+    primary_metric = "top1"
+
+    def __init__(self, label_smoothing: float = 0.0, topk=(1, 5)):
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"model.task.label_smoothing: expected [0, 1), got {label_smoothing!r}")
+        self.label_smoothing = float(label_smoothing)
+        self.topk = tuple(int(k) for k in topk)
+
+    def losses(self, model, batch) -> dict[str, paddle.Tensor]:
+        """Forward and loss; the loss is computed in fp32 whatever the autocast state."""
+        logits = model(batch["image"]).astype("float32")
+        labels = batch["label"].reshape([-1])
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        return {"loss": loss}
+
+    @paddle.no_grad()
+    def eval_stats(self, model, batch) -> dict[str, float]:
+        """Top-k hit counts for one batch."""
+        logits = model(batch["image"]).astype("float32")
+        return topk_correct(logits.numpy(), batch["label"].numpy(), self.topk)
+
+    def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Pooled counts (over batches and ranks) to accuracies."""
+        return {**accuracy_from_counts(sums, self.topk), "num_samples": int(sums["count"])}
