@@ -1,0 +1,6 @@
+"""Feature-extracting backbones returning multi-scale maps (for detection necks)."""
+
+from zoo.models.backbones.mobilenet_v3_det import DetMobileNetV3
+from zoo.models.backbones.resnet_vd_det import DetResNetVd
+
+__all__ = ["DetMobileNetV3", "DetResNetVd"]

@@ -1,0 +1,5 @@
+"""Necks: layers fusing a backbone's multi-scale maps for a dense head."""
+
+from zoo.models.necks.db_fpn import DBFPN
+
+__all__ = ["DBFPN"]
