@@ -1,0 +1,128 @@
+"""DB text detection as a task: DB loss for training, ICDAR IoU counts for evaluation.
+
+Train batches hold ``image`` and the four DB label maps; eval batches hold ``image`` (resized),
+``shape`` (src_h, src_w, ratio_h, ratio_w), ``polys`` [N, P, 4, 2] in source pixels (zero-padded),
+``ignore`` [N, P] and ``num_polys`` [N]. The model returns ``{"maps": [N, 3, H, W]}`` in train
+mode and ``{"maps": [N, 1, H, W]}`` in eval mode; the engine switches the mode.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import cv2
+import numpy as np
+import paddle
+
+from zoo.losses import DBLoss
+from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
+from zoo.postprocess import DBPostProcess, draw_detections
+
+
+def _numpy(x) -> np.ndarray:
+    return x.numpy() if isinstance(x, paddle.Tensor) else np.asarray(x)
+
+
+def _kwargs(node, key: str) -> dict:
+    """Plain dict from None / dict / DictConfig (Hydra passes nested config nodes through)."""
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise TypeError(f"model.task.{key}: expected a mapping of keyword arguments, got {node!r}")
+    return {str(k): v for k, v in node.items()}
+
+
+class DBTask:
+    """Differentiable Binarization training and ICDAR-IoU evaluation.
+
+    Args:
+        loss: keyword arguments of ``zoo.losses.DBLoss`` (balance_loss, main_loss_type, alpha, ...).
+        postprocess: keyword arguments of ``zoo.postprocess.DBPostProcess`` (thresh, box_thresh, ...).
+        iou_constraint, area_precision_constraint: ``DetectionIoUEvaluator`` thresholds.
+        mean, std: the normalisation the data applied (PaddleOCR's NormalizeImage defaults, on
+            pixel/255); only ``draw`` uses them, to recover a viewable image.
+        rgb: the batch images are RGB (they are converted to BGR for drawing); PaddleOCR decodes BGR.
+    """
+
+    primary_metric = "hmean"
+
+    def __init__(self, loss: dict | None = None, postprocess: dict | None = None,
+                 iou_constraint: float = 0.5, area_precision_constraint: float = 0.5,
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), rgb: bool = False):
+        try:
+            self.loss = DBLoss(**_kwargs(loss, "loss"))
+            self.postprocess = DBPostProcess(**_kwargs(postprocess, "postprocess"))
+        except TypeError as e:  # unknown keyword: name the config key it came from
+            raise ValueError(f"model.task: {e}") from e
+        self.evaluator = DetectionIoUEvaluator(iou_constraint, area_precision_constraint)
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+        self.rgb = bool(rgb)
+
+    @staticmethod
+    def _maps(out) -> paddle.Tensor:
+        return out["maps"] if isinstance(out, Mapping) else out
+
+    def losses(self, model, batch) -> dict[str, paddle.Tensor]:
+        """Train-mode forward and the DB loss dict (float32 whatever the autocast state)."""
+        return self.loss(self._maps(model(batch["image"])), batch)
+
+    def predict(self, model, batch) -> list[tuple]:
+        """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels."""
+        maps = self._maps(model(batch["image"])).astype("float32")
+        return self.postprocess(maps.numpy(), _numpy(batch["shape"]))
+
+    @staticmethod
+    def _ground_truth(batch):
+        """Per image: (polygons [P_i, 4, 2], ignore flags [P_i]) with the zero padding removed."""
+        polys, ignore = _numpy(batch["polys"]), _numpy(batch["ignore"])
+        counts = _numpy(batch["num_polys"]).reshape(-1).astype(np.int64)
+        return [(polys[i, :n], ignore[i, :n].astype(bool)) for i, n in enumerate(counts)]
+
+    @paddle.no_grad()
+    def eval_stats(self, model, batch) -> dict[str, float]:
+        """Summed ``gt_care``, ``det_care``, ``matched`` and ``num_images`` for one batch."""
+        predictions = self.predict(model, batch)
+        gts = self._ground_truth(batch)
+        counts = sum_counts(self.evaluator.evaluate_image(gt, ign, boxes)
+                            for (gt, ign), (boxes, _) in zip(gts, predictions))
+        return {**counts, "num_images": float(len(gts))}
+
+    def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Pooled counts (over batches and ranks) to precision, recall, hmean."""
+        if sums.get("num_images", 0.0) <= 0:
+            raise ValueError("no images were evaluated (empty validation split?)")
+        return {**self.evaluator.combine(sums), "num_images": int(sums["num_images"])}
+
+    def _viewable(self, image_chw: np.ndarray) -> np.ndarray:
+        """Undo NormalizeImage (x/255 - mean) / std: a uint8 HWC BGR image."""
+        image = (image_chw.astype(np.float32) * self.std + self.mean) * 255.0
+        image = np.clip(np.round(image), 0, 255).astype(np.uint8).transpose(1, 2, 0)
+        return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if self.rgb else np.ascontiguousarray(image)
+
+    @paddle.no_grad()
+    def draw(self, model, batch, out_dir, prefix: str = "det") -> list[Path]:
+        """Write ``<out_dir>/<prefix>_<i>.png`` per image: GT green, ignored GT red, detections blue.
+
+        Drawn on the resized network input, so boxes (source pixels) are scaled by (ratio_w, ratio_h).
+        The model is put in eval mode for the forward and restored afterwards.
+        """
+        was_training = model.training
+        model.eval()
+        try:
+            predictions = self.predict(model, batch)
+        finally:
+            if was_training:
+                model.train()
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        images, shapes = _numpy(batch["image"]), _numpy(batch["shape"]).astype(np.float64)
+        paths = []
+        for i, ((gt, ign), (boxes, _)) in enumerate(zip(self._ground_truth(batch), predictions)):
+            scale = np.array([shapes[i, 3], shapes[i, 2]])  # (ratio_w, ratio_h) for (x, y)
+            dets = [np.asarray(b, np.float64).reshape(-1, 2) * scale for b in boxes]
+            gts = [np.asarray(g, np.float64).reshape(-1, 2) * scale for g in gt]
+            path = out_dir / f"{prefix}_{i}.png"
+            cv2.imwrite(str(path), draw_detections(self._viewable(images[i]), dets, gts, ign))
+            paths.append(path)
+        return paths
