@@ -178,3 +178,20 @@ def test_schedule_warmup_and_piecewise():
     assert seen[0] == 0.0 and np.isclose(seen[2], 0.5) and np.isclose(seen[4], 1.0) and seen[9] < 0.1
     with pytest.raises(ValueError, match="warmup_steps"):
         schedules.constant(0.1, total_steps=5, steps_per_epoch=5, warmup_steps=5)
+
+
+def test_gradient_clipping_bounds_the_first_update(tiny_cfg, tmp_path):
+    from zoo.engine.run import build_trainer
+
+    cfg = tiny_cfg("optim=momentum", "optim.optimizer.weight_decay=0.0", "optim.grad_clip_norm=0.001",
+                   "sched=constant", "sched.warmup_steps=0", "optim.lr=0.5")
+    trainer, _ = build_trainer(cfg, tmp_path)
+    trainable = {n: p for n, p in trainer.model.named_parameters() if p.trainable}
+    before = {n: p.numpy().copy() for n, p in trainable.items()}
+    from zoo.data import TrainBatchSampler, build_loader
+
+    sampler = TrainBatchSampler(len(trainer.train_set), 16, 0)
+    trainer.train_step(next(iter(build_loader(trainer.train_set, sampler))))
+    step = np.sqrt(sum(((p.numpy() - before[n]) ** 2).sum() for n, p in trainable.items()))
+    # Momentum's first update is lr * clipped gradient, whose global norm is the clip norm.
+    assert np.isclose(step, 0.5 * 0.001, rtol=1e-3)
