@@ -1,0 +1,215 @@
+"""Deterministic DB text-detection transforms (train augmentation, crop, eval resize).
+
+Mirrors PaddleOCR's ``det_mv3_db.yml`` pipelines, with every random draw taken
+from an explicit ``numpy.random.Generator``:
+
+* train: ``IaaAugment`` (``ppocr/data/imaug/iaa_augment.py``: Fliplr p 0.5,
+  Affine rotate [-10, 10], Resize [0.5, 3]) -> ``EastRandomCropData``
+  (``ppocr/data/imaug/random_crop_data.py``) -> ``MakeBorderMap`` ->
+  ``MakeShrinkMap`` -> ``NormalizeImage`` + ``ToCHWImage``;
+* eval: ``DetResizeForTest`` with ``image_shape`` and ``keep_ratio`` False
+  (``ppocr/data/imaug/operators.py``) -> normalise + CHW.
+
+Deliberate differences from upstream, all about correctness:
+
+* point coordinates follow the pixel-centre convention of ``cv2.resize`` /
+  ``cv2.warpAffine`` / ``cv2.fillPoly`` (flip ``x -> w-1-x``, resize
+  ``x -> (x+0.5)s-0.5``), so polygons stay on their text to the sub-pixel;
+* the crop search includes the last text-free run of rows/columns (upstream's
+  ``split_regions`` drops it, so crops never reach past the last text), and
+  clips text extents to the image before marking them (upstream's slices wrap
+  around for negative coordinates after rotation);
+* ``rng.choice`` replaces ``int(np.random.choice(..., size=1))``, which raises
+  on numpy >= 2.4.
+
+Images are HWC uint8 RGB; polygons ``[K,4,2]`` float (x, y) pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+from .det_labels import make_border_map, make_shrink_map
+from .transforms import normalize_chw
+
+__all__ = ["DetEvalTransform", "DetTrainTransform", "crop_area", "east_random_crop", "iaa_augment"]
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def iaa_augment(img: np.ndarray, polys: np.ndarray, rng: np.random.Generator, flip_p: float = 0.5,
+                rotate: Sequence[float] = (-10, 10), scale: Sequence[float] = (0.5, 3.0)):
+    """Random horizontal flip, rotation about the centre (same canvas size,
+    black fill, as imgaug/albumentations ``Affine``) and isotropic resize.
+
+    All three draws are made every time, so the stream layout does not depend
+    on the outcome.  Returns the new image and polygons.
+    """
+    flip = rng.random() < flip_p
+    angle = rng.uniform(rotate[0], rotate[1])
+    factor = rng.uniform(scale[0], scale[1])
+    polys = np.array(polys, dtype=np.float64).reshape(-1, 4, 2)
+    h, w = img.shape[:2]
+    if flip:
+        img = cv2.flip(img, 1)
+        polys[..., 0] = (w - 1) - polys[..., 0]
+    if angle != 0:
+        m = cv2.getRotationMatrix2D(((w - 1) / 2, (h - 1) / 2), angle, 1.0)
+        img = cv2.warpAffine(img, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                             borderValue=0)
+        polys = polys @ m[:, :2].T + m[:, 2]
+    new_w, new_h = max(1, int(w * factor)), max(1, int(h * factor))
+    img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    polys = (polys + 0.5) * (new_w / w, new_h / h) - 0.5
+    return img, polys
+
+
+def _free_runs(covered: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Indices where ``covered`` is 0 and their maximal consecutive runs."""
+    free = np.flatnonzero(covered == 0)
+    if len(free) == 0:
+        return free, []
+    breaks = np.flatnonzero(np.diff(free) != 1) + 1
+    return free, np.split(free, breaks)
+
+
+def _select(free: np.ndarray, runs: list[np.ndarray], size: int, rng: np.random.Generator):
+    """Two crop edges: from two random runs if there are several (so text between
+    runs can be kept whole), else two random free positions."""
+    if len(runs) > 1:
+        picks = [int(rng.choice(runs[int(i)])) for i in rng.integers(0, len(runs), size=2)]
+    else:
+        picks = [int(v) for v in rng.choice(free, size=2)]
+    lo, hi = min(picks), max(picks)
+    return min(max(lo, 0), size - 1), min(max(hi, 0), size - 1)
+
+
+def _outside(poly: np.ndarray, x: float, y: float, w: float, h: float) -> bool:
+    """Whether ``poly``'s bounding box misses the rectangle (upstream's test)."""
+    return bool(poly[:, 0].max() < x or poly[:, 0].min() > x + w
+                or poly[:, 1].max() < y or poly[:, 1].min() > y + h)
+
+
+def crop_area(h: int, w: int, care_polys, rng: np.random.Generator, min_crop_side_ratio: float = 0.1,
+              max_tries: int = 50) -> tuple[int, int, int, int]:
+    """Choose ``(x, y, crop_w, crop_h)``, as upstream's ``crop_area``.
+
+    Crop edges are picked in rows/columns that no care text spans, so no text is
+    cut; a crop must have sides >= ``min_crop_side_ratio`` of the image and touch
+    at least one text box.  Falls back to the whole image after ``max_tries``
+    (and always when there is no care text).
+    """
+    h_cov, w_cov = np.zeros(h, np.int8), np.zeros(w, np.int8)
+    for poly in care_polys:
+        pts = np.round(poly).astype(np.int64)
+        x0, x1 = np.clip([pts[:, 0].min(), pts[:, 0].max()], 0, w)
+        y0, y1 = np.clip([pts[:, 1].min(), pts[:, 1].max()], 0, h)
+        w_cov[x0:x1] = 1
+        h_cov[y0:y1] = 1
+    w_free, w_runs = _free_runs(w_cov)
+    h_free, h_runs = _free_runs(h_cov)
+    if len(w_free) == 0 or len(h_free) == 0:
+        return 0, 0, w, h
+    for _ in range(max_tries):
+        xmin, xmax = _select(w_free, w_runs, w, rng)
+        ymin, ymax = _select(h_free, h_runs, h, rng)
+        if xmax - xmin < min_crop_side_ratio * w or ymax - ymin < min_crop_side_ratio * h:
+            continue
+        if any(not _outside(p, xmin, ymin, xmax - xmin, ymax - ymin) for p in care_polys):
+            return xmin, ymin, xmax - xmin, ymax - ymin
+    return 0, 0, w, h
+
+
+def east_random_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                     size: int = 640, max_tries: int = 50, min_crop_side_ratio: float = 0.1):
+    """``EastRandomCropData`` with ``keep_ratio`` True: crop (see :func:`crop_area`),
+    scale to fit ``size`` x ``size`` keeping the aspect ratio, pad bottom/right
+    with zeros.  Polygons whose box misses the scaled crop are dropped, the rest
+    kept unclipped with their ignore flags.
+    """
+    polys = np.asarray(polys, dtype=np.float64).reshape(-1, 4, 2)
+    ignore = np.asarray(ignore, dtype=bool).reshape(-1)
+    care = [p for p, ign in zip(polys, ignore) if not ign]
+    x, y, cw, ch = crop_area(img.shape[0], img.shape[1], care, rng, min_crop_side_ratio, max_tries)
+    scale = min(size / cw, size / ch)
+    w, h = max(1, int(cw * scale)), max(1, int(ch * scale))
+    out = np.zeros((size, size) + img.shape[2:], img.dtype)
+    out[:h, :w] = cv2.resize(img[y:y + ch, x:x + cw], (w, h), interpolation=cv2.INTER_LINEAR)
+    polys = (polys - (x, y) + 0.5) * (w / cw, h / ch) - 0.5
+    keep = np.array([not _outside(p, 0, 0, w, h) for p in polys], dtype=bool)
+    return out, polys[keep].reshape(-1, 4, 2), ignore[keep]
+
+
+class DetTrainTransform:
+    """Train pipeline ``(img, polys, ignore, rng) -> item dict``.
+
+    Item: ``image`` float32 [3,S,S] normalised RGB, and float32 [S,S]
+    ``shrink_map``, ``shrink_mask``, ``threshold_map``, ``threshold_mask``.
+    """
+
+    def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
+                 max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
+                 min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
+                 mean=MEAN, std=STD):
+        if crop_size < 8:
+            raise ValueError(f"crop_size must be >= 8, got {crop_size}")
+        if not (0 <= flip_p <= 1 and rotate[0] <= rotate[1] and 0 < scale[0] <= scale[1]):
+            raise ValueError(f"bad augmentation ranges: flip_p={flip_p}, rotate={rotate}, scale={scale}")
+        if not 0 < min_crop_side_ratio <= 1 or not 0 < shrink_ratio < 1 or max_tries < 1:
+            raise ValueError(f"need 0 < min_crop_side_ratio <= 1, 0 < shrink_ratio < 1, max_tries >= 1; got "
+                             f"{min_crop_side_ratio}, {shrink_ratio}, {max_tries}")
+        self.crop_size, self.flip_p = int(crop_size), float(flip_p)
+        self.rotate, self.scale = tuple(rotate), tuple(scale)
+        self.max_tries, self.min_crop_side_ratio = int(max_tries), float(min_crop_side_ratio)
+        self.shrink_ratio, self.min_text_size = float(shrink_ratio), float(min_text_size)
+        self.thresh_min, self.thresh_max = float(thresh_min), float(thresh_max)
+        self.mean, self.std = tuple(mean), tuple(std)
+
+    def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator) -> dict:
+        img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
+        img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
+                                              self.min_crop_side_ratio)
+        s = self.crop_size
+        # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
+        thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)
+        gt, gt_mask = make_shrink_map(polys, ignore, s, s, self.shrink_ratio, self.min_text_size)
+        return {"image": normalize_chw(img, self.mean, self.std), "shrink_map": gt, "shrink_mask": gt_mask,
+                "threshold_map": thr, "threshold_mask": thr_mask}
+
+    def __repr__(self) -> str:
+        return (f"DetTrainTransform(crop={self.crop_size}, flip={self.flip_p}, rotate={self.rotate}, "
+                f"scale={self.scale}, min_crop_side_ratio={self.min_crop_side_ratio})")
+
+
+class DetEvalTransform:
+    """Eval pipeline ``img -> {"image": [3,H,W], "shape": [4]}``: PaddleOCR's
+    ``DetResizeForTest`` with a fixed ``image_shape`` (H, W), ``keep_ratio`` False.
+
+    ``shape`` = (src_h, src_w, ratio_h, ratio_w), float32.  As upstream, images
+    with h + w < 64 are first zero-padded bottom/right to at least 32x32 (the
+    ratios then refer to the padded size, so polygons still map correctly).
+    """
+
+    def __init__(self, eval_size: Sequence[int] = (736, 1280), mean=MEAN, std=STD):
+        if len(eval_size) != 2 or min(eval_size) < 1:
+            raise ValueError(f"eval_size must be (height, width), got {eval_size}")
+        self.eval_size = (int(eval_size[0]), int(eval_size[1]))
+        self.mean, self.std = tuple(mean), tuple(std)
+
+    def __call__(self, img: np.ndarray) -> dict:
+        src_h, src_w = img.shape[:2]
+        if src_h + src_w < 64:
+            pad = np.zeros((max(32, src_h), max(32, src_w)) + img.shape[2:], img.dtype)
+            pad[:src_h, :src_w] = img
+            img = pad
+        out_h, out_w = self.eval_size
+        ratio_h, ratio_w = out_h / img.shape[0], out_w / img.shape[1]
+        img = cv2.resize(img, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
+        shape = np.array([src_h, src_w, ratio_h, ratio_w], dtype=np.float32)
+        return {"image": normalize_chw(img, self.mean, self.std), "shape": shape}
+
+    def __repr__(self) -> str:
+        return f"DetEvalTransform(eval_size={self.eval_size})"

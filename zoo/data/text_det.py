@@ -1,0 +1,233 @@
+"""Text-detection data in PaddleOCR's label format (e.g. ICDAR2015).
+
+A label file has one image per line (``ppocr/data/simple_dataset.py``,
+``ppocr/data/imaug/label_ops.py`` ``DetLabelEncode``)::
+
+    relative/path.jpg<TAB>[{"transcription": "...", "points": [[x,y],[x,y],[x,y],[x,y]]}, ...]
+
+with points clockwise from the top-left and paths relative to the data root.
+Transcriptions ``###`` and ``*`` mark don't-care regions.  Polygons with more
+than four points are replaced by their minimum-area rectangle (upstream instead
+pads all polygons of an image to the same point count); this dataset handles
+quadrilaterals only.
+
+Datasets are indexed by sampler keys (see :mod:`zoo.data.sampler`); train items
+draw all augmentation randomness from ``np.random.default_rng((seed, epoch, index))``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from .classification import read_image_rgb
+from .det_transforms import DetEvalTransform, DetTrainTransform
+
+__all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "read_det_label_file"]
+
+IGNORE_TRANSCRIPTIONS = ("###", "*")
+SPLITS = ("train", "val")
+
+
+def _min_area_quad(points: np.ndarray) -> np.ndarray:
+    """Minimum-area rectangle of ``points`` as 4 corners, clockwise from the
+    corner nearest the top-left (smallest x + y)."""
+    import cv2
+
+    box = cv2.boxPoints(cv2.minAreaRect(points.astype(np.float32)))
+    centre = box.mean(axis=0)
+    # Clockwise in image coordinates (y down) is increasing atan2(dy, dx).
+    box = box[np.argsort(np.arctan2(box[:, 1] - centre[1], box[:, 0] - centre[0]))]
+    return np.roll(box, -int(np.argmin(box.sum(axis=1))), axis=0)
+
+
+def _parse_points(points, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(points, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: 'points' must be a list of [x, y] numbers, got {points!r}") from None
+    if arr.ndim != 2 or arr.shape[1] != 2 or len(arr) < 4:
+        raise ValueError(f"{where}: 'points' must be at least 4 [x, y] pairs (a 4x2 list), "
+                         f"got shape {arr.shape}: {points!r}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{where}: 'points' contains non-finite numbers: {points!r}")
+    return _min_area_quad(arr) if len(arr) > 4 else arr
+
+
+def parse_det_label_line(line: str, where: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """Parse one non-blank label line; ``where`` ("file:line") prefixes errors."""
+    if "\t" not in line:
+        raise ValueError(f"{where}: no tab between image path and JSON label in {line[:80]!r}")
+    path, label = line.split("\t", 1)
+    if not path.strip():
+        raise ValueError(f"{where}: empty image path")
+    try:
+        items = json.loads(label)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: bad JSON label ({e.msg} at column {e.pos + 1}): {label[:80]!r}") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{where}: JSON label must be a list of objects, got {type(items).__name__}")
+    polys, ignore = [], []
+    for k, item in enumerate(items):
+        at = f"{where}: box {k}"
+        if not isinstance(item, dict) or "points" not in item or "transcription" not in item:
+            raise ValueError(f"{at}: expected an object with 'transcription' and 'points', got {item!r}")
+        polys.append(_parse_points(item["points"], at))
+        ignore.append(item["transcription"] in IGNORE_TRANSCRIPTIONS)
+    return (path.strip(), np.asarray(polys, np.float32).reshape(-1, 4, 2), np.asarray(ignore, bool))
+
+
+def read_det_label_file(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Read a PaddleOCR detection label file.
+
+    Returns ``[(rel_image_path, polys float32 [K,4,2], ignore bool [K]), ...]``.
+    Blank lines are skipped; errors name the file, the line number and what is
+    wrong.  Polygons with more than 4 points become their minimum-area rectangle.
+    """
+    out = []
+    with open(path, encoding="utf-8-sig") as f:  # tolerate a BOM from Windows editors
+        for lineno, raw in enumerate(f, start=1):
+            line = raw.rstrip("\r\n")
+            if line.strip():
+                out.append(parse_det_label_line(line, f"{path}:{lineno}"))
+    return out
+
+
+class TextDetDataset(paddle.io.Dataset):
+    """Map-style text-detection dataset addressed by sampler keys.
+
+    ``split="train"``: :class:`~zoo.data.det_transforms.DetTrainTransform` items
+    (``image`` [3,S,S], ``shrink_map``, ``shrink_mask``, ``threshold_map``,
+    ``threshold_mask`` [S,S]).  Other splits: ``image`` [3,H,W] resized to
+    ``eval_size``, ``shape`` [4] = (src_h, src_w, ratio_h, ratio_w), ``polys``
+    float32 [P,4,2] in source pixels zero-padded to ``P = max_polys``,
+    ``ignore`` int64 [P], ``num_polys`` int64 scalar.  ``aug`` goes to the train
+    transform (flip_p, rotate, scale, max_tries, min_crop_side_ratio, shrink_ratio,
+    min_text_size, thresh_min, thresh_max, mean, std).
+    """
+
+    def __init__(self, root, label_file, split: str, seed: int, crop_size: int = 640,
+                 eval_size: Sequence[int] = (736, 1280), max_polys: int = 128, samples=None,
+                 channel_order: str = "BGR", **aug):
+        super().__init__()
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if channel_order not in ("BGR", "RGB"):
+            raise ValueError(f"data.builder.channel_order: expected BGR or RGB, got {channel_order!r}")
+        # PaddleOCR decodes BGR and normalises those channels with ImageNet's RGB mean/std
+        # (DecodeImage img_mode BGR + NormalizeImage); official DB weights expect exactly that.
+        self.bgr = channel_order == "BGR"
+        self.root, self.split, self.seed = Path(root), split, int(seed)
+        self.label_file = Path(label_file)
+        self.max_polys = int(max_polys)
+        samples = read_det_label_file(self.label_file) if samples is None else samples
+        counts = np.array([len(p) for _, p, _ in samples], dtype=np.int64)
+        self.train = split == "train"
+        if not self.train and len(counts) and counts.max() > self.max_polys:
+            i = int(counts.argmax())
+            raise ValueError(f"{self.label_file}: image {samples[i][0]} has {counts[i]} text boxes, more than "
+                             f"max_polys={self.max_polys}; raise data max_polys")
+        # Flat arrays instead of per-sample Python objects, so forked loader
+        # workers do not copy the whole list page by page.
+        self.paths = np.array([os.fsencode(p) for p, _, _ in samples], dtype=np.bytes_)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)])
+        self.polys = np.concatenate([p for _, p, _ in samples] or [np.zeros((0, 4, 2), np.float32)])
+        self.ignore = np.concatenate([g for _, _, g in samples] or [np.zeros(0, bool)])
+        if self.train:
+            self.transform = DetTrainTransform(crop_size, **aug)
+        else:  # only the normalisation settings apply to eval
+            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std") if k in aug})
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def path(self, index: int) -> Path:
+        """Absolute path of image ``index``."""
+        return self.root / os.fsdecode(self.paths[index])
+
+    def annotations(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ground truth of image ``index``: polys float32 [K,4,2], ignore bool [K]."""
+        a, b = self.offsets[index], self.offsets[index + 1]
+        return self.polys[a:b].copy(), self.ignore[a:b].copy()
+
+    def __getitem__(self, key):
+        key, n = int(key), len(self.paths)
+        if n == 0 or key < 0:
+            raise IndexError(f"{self.label_file}: invalid key {key} for {n} samples")
+        epoch, index = divmod(key, n)
+        try:
+            img = read_image_rgb(self.path(index))
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{e} (listed in {self.label_file}, index {index})") from None
+        if self.bgr:
+            img = np.ascontiguousarray(img[..., ::-1])
+        polys, ignore = self.annotations(index)
+        if self.train:
+            return self.transform(img, polys, ignore, np.random.default_rng((self.seed, epoch, index)))
+        item = self.transform(img)
+        k = len(polys)
+        item["polys"] = np.zeros((self.max_polys, 4, 2), np.float32)
+        item["polys"][:k] = polys
+        item["ignore"] = np.zeros(self.max_polys, np.int64)
+        item["ignore"][:k] = ignore
+        item["num_polys"] = np.array(k, dtype=np.int64)
+        return item
+
+    def __repr__(self) -> str:
+        return f"TextDetDataset({self.label_file}, split={self.split!r}, n={len(self)}, {self.transform!r})"
+
+
+class TextDetData:
+    """Factory for train/val :class:`TextDetDataset` objects from one root.
+
+    Defaults follow PaddleOCR's ICDAR2015 layout (``configs/det/det_mv3_db.yml``,
+    data_dir ``train_data/icdar2015/text_localization/``): ``root/train_icdar2015_label.txt``
+    and ``root/test_icdar2015_label.txt`` listing ``icdar_c4_train_imgs/...`` and
+    ``ch4_test_images/...`` relative to ``root``.  ``aug`` keywords go to the
+    train transform (see :class:`TextDetDataset`).
+    """
+
+    def __init__(self, root, train_label: str = "train_icdar2015_label.txt",
+                 val_label: str = "test_icdar2015_label.txt", crop_size: int = 640,
+                 eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
+                 channel_order: str = "BGR", **aug):
+        self.root = Path(root).expanduser()
+        self.channel_order = channel_order
+        self.label_files = {"train": train_label, "val": val_label}
+        self.crop_size, self.eval_size = int(crop_size), tuple(int(v) for v in eval_size)
+        if max_polys < 1:
+            raise ValueError(f"max_polys must be >= 1, got {max_polys}")
+        self.max_polys, self.aug = int(max_polys), dict(aug)
+        self._samples: dict[str, list] = {}
+        # Fail early on bad transform settings rather than at the first batch.
+        DetTrainTransform(self.crop_size, **self.aug)
+        DetEvalTransform(self.eval_size)
+
+    def prepare(self) -> None:
+        """Hook for subclasses that must create ``root`` before it is read."""
+
+    def label_path(self, split: str) -> Path:
+        """The label file of ``split`` (checked to exist)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.prepare()
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"data.root does not exist or is not a directory: {self.root}")
+        path = self.root / self.label_files[split]
+        if not path.is_file():
+            raise FileNotFoundError(f"data.root {self.root}: no {split} label file {path} (PaddleOCR format "
+                                    "lines 'relative/image.jpg<TAB>[{\"transcription\": ..., \"points\": ...}]')")
+        return path
+
+    def build(self, split: str, seed: int) -> TextDetDataset:
+        """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""
+        path = self.label_path(split)
+        if split not in self._samples:
+            self._samples[split] = read_det_label_file(path)
+        return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
+                              samples=self._samples[split], channel_order=self.channel_order, **self.aug)
