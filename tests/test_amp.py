@@ -45,11 +45,13 @@ def test_requested_vs_effective_on_cpu_is_recorded_not_hidden():
     assert "requested fp16-O1" in line and "effective fp32" in line and "on_unsupported=fp32" in line
 
 
-def test_on_unsupported_error_and_emulate_refuse_clearly():
+def test_on_unsupported_error_refuses_and_emulate_is_the_default():
     with pytest.raises(AmpUnsupportedError, match="on_unsupported=error"):
         Amp(enabled=True, level="O2", on_unsupported="error").resolve(CPU)
-    with pytest.raises(AmpUnsupportedError, match="emulat"):
-        Amp(enabled=True, dtype="bfloat16", on_unsupported="emulate").resolve(CPU)
+    assert Amp(enabled=True, dtype="bfloat16").resolve(CPU) == "emulated-bf16-O1"
+    # A GPU that can run the precision uses Paddle's AMP; emulation is only for devices that cannot.
+    assert Amp(enabled=True).resolve(T4) == "fp16-O1"
+    assert Amp(enabled=True).resolve(P100) == "emulated-fp16-O1"
     # On hardware that supports the request, on_unsupported plays no part.
     assert Amp(enabled=True, dtype="bfloat16", on_unsupported="error").resolve(A100) == "bf16-O1"
     with pytest.raises(AmpUnsupportedError, match="8.0"):

@@ -33,9 +33,10 @@ def test_train_then_eval_as_a_user_would(tmp_path, ampzoo_home):
     out = run_tool(["tools/train.py", *TINY, "amp=O1", f"hydra.run.dir={run}"], ROOT, env)
     assert out.returncode == 0, out.stderr[-3000:]
     start = [line for line in out.stdout.splitlines() if line.startswith("precision:")]
-    assert len(start) == 1 and "requested fp16-O1, effective fp32 on cpu" in start[0]
+    assert len(start) == 1 and "requested fp16-O1, effective emulated-fp16-O1 on cpu" in start[0]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["requested_precision"] == "fp16-O1" and summary["effective_precision"] == "fp32"
+    assert summary["requested_precision"] == "fp16-O1"
+    assert summary["effective_precision"] == "emulated-fp16-O1" and summary["final_loss_scale"] > 0
 
     ev = tmp_path / "eval.json"
     out = run_tool(["tools/eval.py", *TINY, "amp=O1", f"checkpoint={run}", f"output={ev}",
@@ -44,7 +45,7 @@ def test_train_then_eval_as_a_user_would(tmp_path, ampzoo_home):
     result = json.loads(ev.read_text())
     # The best weights were saved at the final eval, so eval.py reproduces that number exactly.
     assert result["metrics"] == summary["metrics"]
-    assert result["effective_precision"] == "fp32" and result["num_samples"] == 48
+    assert result["effective_precision"] == "emulated-fp16-O1" and result["num_samples"] == 48
 
     out = run_tool(["tools/eval.py", *TINY, f"checkpoint={tmp_path}/missing", f"hydra.run.dir={tmp_path / 'e2'}"],
                    ROOT, env)
@@ -61,3 +62,5 @@ def test_multirun_sweep_writes_one_folder_per_job(tmp_path, ampzoo_home):
     assert len(summaries) == 4
     got = sorted((s["requested_precision"], s["seed"]) for s in map(lambda p: json.loads(p.read_text()), summaries))
     assert got == [("fp16-O1", 0), ("fp16-O1", 1), ("fp32", 0), ("fp32", 1)]
+    effective = {json.loads(p.read_text())["effective_precision"] for p in summaries}
+    assert effective == {"fp32", "emulated-fp16-O1"}

@@ -40,8 +40,12 @@ def test_every_model_config_instantiates(model):
     cfg = compose([f"model={model}"])
     assert cfg.model.name == model and model in zoo.list_models()
     net = instantiate(cfg.model.net)
-    assert net.fc.weight.shape[-1] == cfg.data.num_classes
-    assert instantiate(cfg.model.task).primary_metric == "top1"
+    task = instantiate(cfg.model.task)
+    if model.startswith("db_"):
+        assert task.primary_metric == "hmean" and hasattr(net, "head")
+    else:
+        assert net.fc.weight.shape[-1] == cfg.data.num_classes
+        assert task.primary_metric == "top1"
 
 
 @pytest.mark.parametrize("amp", options("amp"))
@@ -67,23 +71,71 @@ def test_every_optim_sched_trainer_config_instantiates(group):
             assert cfg.trainer.max_steps > 0
 
 
+@pytest.fixture(scope="module")
+def icdar_root(tmp_path_factory):
+    """Two images in PaddleOCR's ICDAR2015 layout and label format."""
+    import cv2
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("icdar2015")
+    for folder, label in (("icdar_c4_train_imgs", "train_icdar2015_label.txt"),
+                          ("ch4_test_images", "test_icdar2015_label.txt")):
+        (root / folder).mkdir()
+        cv2.imwrite(str(root / folder / "img_1.jpg"), np.full((120, 200, 3), 200, np.uint8))
+        box = '[{"transcription": "HI", "points": [[20, 30], [90, 30], [90, 60], [20, 60]]}, ' \
+              '{"transcription": "###", "points": [[100, 70], [150, 70], [150, 90], [100, 90]]}]'
+        (root / label).write_text(f"{folder}/img_1.jpg\t{box}\n")
+    return root
+
+
 @pytest.mark.parametrize("data", options("data"))
-def test_every_data_config_instantiates(data, imagenet_root):
-    extra = ["data.builder.num_train=20", "data.builder.num_val=10"] if data == "synthetic_shapes" else \
-        [f"data.root={imagenet_root}", "data.num_classes=2"]
-    cfg = compose([f"data={data}", "model=resnet_tiny", *extra])
-    ds = instantiate(cfg.data.builder).build("val", 0)
-    item = ds[0]
-    assert item["image"].shape[0] == 3 and 0 <= int(item["label"]) < cfg.data.num_classes
+def test_every_data_config_instantiates(data, imagenet_root, icdar_root):
+    extra = {"synthetic_shapes": ["model=resnet_tiny", "data.builder.num_train=20", "data.builder.num_val=10"],
+             "imagenet": ["model=resnet_tiny", f"data.root={imagenet_root}", "data.num_classes=2"],
+             "synthetic_text": ["model=db_det_tiny", "data.builder.num_train=4", "data.builder.num_val=2"],
+             "icdar2015": ["model=db_det_tiny", f"data.root={icdar_root}"]}[data]
+    cfg = compose([f"data={data}", *extra])
+    builder = instantiate(cfg.data.builder)
+    train_item, val_item = builder.build("train", 0)[0], builder.build("val", 0)[0]
+    assert train_item["image"].shape[0] == 3 and val_item["image"].shape[0] == 3
+    if "label" in val_item:
+        assert 0 <= int(val_item["label"]) < cfg.data.num_classes
+    else:
+        assert train_item["shrink_map"].shape == train_item["image"].shape[1:]
+        assert int(val_item["num_polys"]) >= 1
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_every_experiment_composes_and_instantiates(experiment, imagenet_root):
-    cfg = compose([f"experiment={experiment}", f"data.root={imagenet_root}"])
+def test_every_experiment_composes_and_instantiates(experiment, imagenet_root, icdar_root):
+    root = icdar_root if experiment.startswith("db_") else imagenet_root
+    cfg = compose([f"experiment={experiment}", f"data.root={root}"])
     OmegaConf.resolve(cfg)
     instantiate(cfg.amp)
     instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=1000, steps_per_epoch=5)
     assert cfg.model.name in zoo.list_models()
+    instantiate(cfg.model.task)
+    instantiate(cfg.data.builder).build("val", 0)
+
+
+def test_db_experiments_mirror_paddleocr():
+    mv3 = compose(["experiment=db_mv3_icdar2015", "data.root=/x"])
+    r50 = compose(["experiment=db_r50vd_icdar2015", "data.root=/x"])
+    for cfg in (mv3, r50):
+        assert cfg.data.name == "icdar2015" and cfg.optim.name == "adam" and cfg.optim.lr == 1e-3
+        assert cfg.model.batch_size == 16 and cfg.trainer.epochs == 1200
+        assert cfg.data.builder.crop_size == 640 and list(cfg.data.builder.eval_size) == [736, 1280]
+        assert (cfg.model.task.loss.alpha, cfg.model.task.loss.beta, cfg.model.task.loss.ohem_ratio) == (5, 10, 3)
+        assert cfg.model.task.postprocess.unclip_ratio == 1.5
+    assert (mv3.model.name, mv3.model.task.postprocess.box_thresh) == ("db_det", 0.6)
+    assert (r50.model.name, r50.model.task.postprocess.box_thresh) == ("db_det_r50", 0.7)
+
+
+@pytest.mark.parametrize("amp", ["O1", "O2", "bf16_O1", "bf16_O2"])
+def test_db_low_precision_recipes_keep_the_step_function_in_fp32(amp):
+    for model in ("db_det", "db_det_r50"):
+        cfg = compose([f"model={model}", f"amp={amp}"])
+        assert "exp" in cfg.amp.custom_black_list
+    assert list(compose(["model=db_det", "amp=O1", "amp.custom_black_list=[]"]).amp.custom_black_list) == []
 
 
 def test_resnet50_imagenet_amp_mirrors_paddleclas():

@@ -20,11 +20,12 @@ OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (config, data, checkpoints): shown as one clear line, exit status 2."""
     from zoo.amp import AmpConfigError, AmpUnsupportedError
+    from zoo.amp.guard import NumericsGuardStop
     from zoo.engine.checkpoint import CheckpointError
     from zoo.engine.run import ConfigError
     from zoo.models import UnknownModelError
     return (ConfigError, AmpConfigError, AmpUnsupportedError, CheckpointError, UnknownModelError,
-            FileNotFoundError, ValueError)
+            NumericsGuardStop, FileNotFoundError, ValueError)
 
 
 def fail(err: BaseException) -> None:

@@ -4,8 +4,8 @@
 
 Both loops train the same model (same seed) on the same dataset with the same optimizer, batch size
 and worker count; the bare loop is a paddle.io.DataLoader, forward, cross-entropy, backward, step,
-clear_grad and reading the loss, nothing else. Throughput is images per wall-clock second over the steps after the warm-up,
-data loading included. Everything after the flags is a Hydra override of configs/train.yaml.
+clear_grad and reading the loss, nothing else. Throughput is images per wall-clock second over the
+steps after the warm-up, data loading included. Everything after the flags is a Hydra override of configs/train.yaml.
 """
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ import logging
 import paddle
 
 from zoo.amp.capability import DeviceInfo
+from zoo.amp.emulation import Emulation
+from zoo.amp.guard import NumericsGuard
+from zoo.amp.scaler import load_scaler_state, make_grad_scaler, scale_loss
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class Amp:
                  init_loss_scaling: float = 65536.0, incr_ratio: float = 2.0,
                  decr_ratio: float = 0.5, incr_every_n_steps: int = 2000,
                  decr_every_n_nan_or_inf: int = 1, use_dynamic_loss_scaling: bool = True,
-                 on_unsupported: str = "fp32"):
+                 on_unsupported: str = "emulate", guard: dict | None = None):
         _check(isinstance(enabled, bool), "enabled", "true or false", enabled)
         _check(level in LEVELS, "level", f"one of {', '.join(LEVELS)}", level)
         _check(dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}", dtype)
@@ -83,6 +86,8 @@ class Amp:
         self.effective = "fp32"
         self.reason = "AMP not requested"
         self.scaler: paddle.amp.GradScaler | None = None
+        self.emulation: Emulation | None = None
+        self.guard = NumericsGuard(**dict(guard or {}))
         self.skipped_steps = 0
 
     # ---- what was asked and what runs -------------------------------------------------------
@@ -93,8 +98,12 @@ class Amp:
 
     @property
     def active(self) -> bool:
-        """True when Paddle's AMP really computes in low precision on this device."""
+        """True when the run computes in low precision (real AMP, or emulated numerics)."""
         return self.effective != "fp32"
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulation is not None
 
     def resolve(self, device: DeviceInfo) -> str:
         """Decide the effective precision on ``device``; raise if ``on_unsupported=error``."""
@@ -112,10 +121,11 @@ class Amp:
                                       "(amp.on_unsupported=error). Set amp.on_unsupported=fp32 to "
                                       "run FP32 and record it, or use amp=fp32.")
         else:
-            raise AmpUnsupportedError(
-                f"{self.requested} requested on {device.name} with amp.on_unsupported=emulate: "
-                f"{why}, and CPU emulation of {self.dtype} numerics is not available in this version "
-                "(tracked as issue 4). Use amp.on_unsupported=fp32 to run FP32 and record it.")
+            self.emulation = Emulation(self.level, self.dtype, self.white, self.black)
+            self.effective = f"emulated-{self.requested}"
+            what = "rounding, overflow and loss scaling" if self.dtype == "float16" else "rounding"
+            self.reason = (f"{why}; amp.on_unsupported=emulate: {self.dtype} {what} emulated in FP32 "
+                           "arithmetic (the numbers of AMP, not its speed)")
         return self.effective
 
     def describe(self, device: DeviceInfo) -> str:
@@ -138,7 +148,7 @@ class Amp:
         self.resolve(device)
         if not self.active:
             return model, optimizer
-        if self.level == "O2":
+        if self.level == "O2" and not self.emulated:  # emulation keeps fp32 master params itself
             # save_dtype float32 keeps checkpoints fp32 whatever the compute dtype (PaddleClas does
             # the same); master_grad accumulates fp32 grads (PaddleDetection PR #8305).
             out = paddle.amp.decorate(
@@ -146,20 +156,22 @@ class Amp:
                 master_weight=self.master_weight, save_dtype="float32", master_grad=self.master_grad)
             model, optimizer = out if optimizer is not None else (out, None)
         if self.dtype == "float16" and optimizer is not None:  # Paddle's scaler is off for bf16
-            self.scaler = paddle.amp.GradScaler(enable=True, **self.scaler_args)
+            self.scaler = make_grad_scaler(self.emulated, **self.scaler_args)
         return model, optimizer
 
     def autocast(self):
         """Context in which the forward pass runs (a no-op when the effective precision is FP32)."""
         if not self.active:
             return contextlib.nullcontext()
+        if self.emulated:
+            return self.emulation()
         return paddle.amp.auto_cast(enable=True, custom_white_list=self.white or None,
                                     custom_black_list=self.black or None, level=self.level,
                                     dtype=self.dtype)
 
     def backward(self, loss: paddle.Tensor) -> None:
         """Backward of the (scaled) loss."""
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        (scale_loss(self.scaler, loss, self.dtype) if self.scaler is not None else loss).backward()
 
     def step(self, optimizer) -> bool:
         """Unscale, step unless gradients overflowed, update the scale. True if parameters moved."""
@@ -177,7 +189,7 @@ class Amp:
         """Current loss scale, None when no scaler is in use."""
         if self.scaler is None:
             return None
-        return float(self.scaler._scale)
+        return float(self.scaler._scale.reshape([]))
 
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -192,5 +204,5 @@ class Amp:
             raise AmpConfigError(f"checkpoint was trained with effective precision {saved}, this run "
                                  f"is {self.effective}; resume with the same amp settings")
         if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+            load_scaler_state(self.scaler, state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))

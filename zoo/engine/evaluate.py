@@ -24,3 +24,17 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
             for k, v in task.eval_stats(model, batch).items():
                 sums[k] = sums.get(k, 0.0) + v
     return task.compute_metrics(dist.all_reduce_sums(sums))
+
+
+def draw_samples(task, model, val_set, count: int, out_dir, prefix: str) -> list:
+    """Let the task draw its predictions on the first ``count`` validation images (if it can draw).
+
+    Detection tasks write PNGs with predicted and ground-truth boxes; tasks without a ``draw``
+    method (classification) write nothing. Returns the written paths.
+    """
+    if not hasattr(task, "draw") or count <= 0:
+        return []
+    sampler = EvalBatchSampler(min(count, len(val_set)), count)
+    batch = next(iter(build_loader(val_set, sampler)))
+    with paddle.no_grad():
+        return task.draw(model, batch, out_dir, prefix)

@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from zoo.amp import current_device
 from zoo.engine import checkpoint as ckpt
-from zoo.engine.evaluate import evaluate
+from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.run import build, build_amp, build_data, seed_everything, validate
 from zoo.engine.runinfo import git_revision, write_json
 
@@ -67,6 +67,8 @@ def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
               "paddle_version": paddle.__version__, "git_revision": git_revision()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = draw_samples(task, model, val_set, cfg.trainer.draw_samples, out_dir / "drawings", "eval")
+    result["drawings"] = [str(p) for p in drawn]
     write_json(out_dir / "eval.json", result)
     if cfg.get("output"):
         Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)

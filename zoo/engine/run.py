@@ -144,6 +144,7 @@ def train(cfg: DictConfig, out_dir: str | Path) -> dict:
         "images_per_s": result["images_per_s"], "train_time_s": result["train_time_s"],
         "wall_time_s": time.time() - t0, "skipped_steps": amp.skipped_steps,
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
+        "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
         "resumed_from": result["resumed_from"], "param_digests": digests,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir), **run_facts(),

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from zoo.amp.guard import NumericsGuardStop, nonfinite_grads
 from zoo.data import TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine import distributed as dist
-from zoo.engine.evaluate import evaluate
+from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.runinfo import peak_memory_mb
 
@@ -44,6 +45,7 @@ class TrainerSettings:
     resume: str | None = None
     progress: bool = True
     num_workers: int = 0
+    draw_samples: int = 0
 
     def __post_init__(self):
         for key in ("max_steps", "log_every", "ckpt_every"):
@@ -134,6 +136,7 @@ class Trainer:
         loader = build_loader(self.train_set, sampler, self.s.num_workers)
         bar = tqdm(total=self.s.max_steps, initial=self.step, disable=not (self.main and self.s.progress),
                    desc="train", dynamic_ncols=True)
+        self.amp.guard.attach(dist.unwrap(self.model))
         self.model.train()
         window = {"loss_sum": 0.0, "steps": 0, "time": 0.0, "terms": {}}
         data_iter = iter(loader)
@@ -141,7 +144,7 @@ class Trainer:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
             batch = next(data_iter)
             window["lr"] = float(self.optimizer.get_lr())  # the LR this step uses
-            terms = self.train_step(batch)
+            terms, stepped, bad = self.train_step(batch)
             dt = time.perf_counter() - t0
             self.train_time += dt
             self.images_seen += self.batch_size * dist.world_size()
@@ -151,20 +154,32 @@ class Trainer:
                 window["terms"][k] = window["terms"].get(k, 0.0) + v
             self.step += 1
             bar.update(1)
+            self._guard(stepped, bad)
             self._after_step(window, bar)
         bar.close()
         final = self.evaluate() if self.last_eval.get("step") != self.step else self.last_eval["metrics"]
         self.save_checkpoint()
+        if self.s.draw_samples > 0 and self.main:
+            model = dist.unwrap(self.model)
+            with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
+                draw_samples(self.task, model, self.val_set, self.s.draw_samples,
+                             self.out_dir / "drawings", f"step{self.step}")
         return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
                 "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
                 "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
 
-    def train_step(self, batch) -> dict[str, float]:
-        """Forward, backward, optimizer step: the same calls whatever the precision."""
+    def train_step(self, batch) -> tuple[dict[str, float], bool, list[str]]:
+        """Forward, backward, optimizer step: the same calls whatever the precision.
+
+        Returns the loss terms, whether the parameters moved, and (on a skipped step) the names of
+        the parameters whose gradients were non-finite.
+        """
+        self.amp.guard.before_step()
         with self.amp.autocast():
             losses = self.task.losses(self.model, batch)
         self.amp.backward(losses["loss"])
         stepped = self.amp.step(self.optimizer)
+        bad = [] if stepped else nonfinite_grads(dist.unwrap(self.model))
         self.optimizer.clear_grad()
         values = {k: float(v) for k, v in losses.items()}
         if not math.isfinite(values["loss"]) and self.amp.scaler is None:
@@ -173,7 +188,20 @@ class Trainer:
                 f"scaler); last complete checkpoint: {self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}")
         if stepped and self.ema is not None:
             self.ema.update(dist.unwrap(self.model))
-        return values
+        return values, stepped, bad
+
+    def _guard(self, stepped: bool, bad: list[str]) -> None:
+        """Numerics guard after each step; on a stop, save the evidence first."""
+        try:
+            events = self.amp.guard.after_step(self.step, stepped, self.amp.loss_scale, bad)
+        except NumericsGuardStop as stop:
+            for e in self.amp.guard.events[-1:]:
+                self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
+            self.save_checkpoint()
+            raise NumericsGuardStop(f"{stop}; checkpoint saved: "
+                                    f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}") from None
+        for e in events:
+            self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
 
     def _after_step(self, window: dict, bar) -> None:
         self.scheduler.step()  # hook 1: lr_step

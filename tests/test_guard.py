@@ -1,0 +1,68 @@
+"""Numerics guard and loss-scale dynamics through the real engine under emulated fp16."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from zoo.amp import Amp, DeviceInfo
+from zoo.amp.guard import NumericsGuard, NumericsGuardStop
+from zoo.engine import checkpoint as ckpt
+from zoo.engine.metrics_log import read_metrics
+from zoo.engine.run import train
+
+HUGE = f"amp.init_loss_scaling={2.0**40}"
+
+
+def test_absurd_loss_scale_skips_then_trains_normally(tiny_cfg, tmp_path):
+    summary = train(tiny_cfg("amp=O1", HUGE, "trainer.max_steps=40"), tmp_path)
+    recs = read_metrics(tmp_path / "metrics.jsonl", "train")
+    scales = [r["loss_scale"] for r in recs]
+    skipped = [r["skipped_steps"] for r in recs]
+    assert scales[0] < 2.0**40 and scales[-1] <= 2.0**20  # halved on each overflow
+    assert all(b <= a for a, b in zip(scales, scales[1:]) if a > 2.0**20)
+    assert skipped[-1] == summary["skipped_steps"] >= 15
+    assert skipped[-1] == skipped[-5]  # the last steps were taken: training proceeds normally
+    assert np.isfinite([r["loss"] for r in recs[-5:]]).all()
+    guard = read_metrics(tmp_path / "metrics.jsonl", "guard")
+    assert len(guard) == summary["skipped_steps"] and guard[0]["event"] == "skipped_step"
+    assert guard[0]["nonfinite_grads"]  # names the parameters with inf/nan gradients
+    assert summary["final_loss_scale"] == scales[-1] and summary["guard_event_count"] == len(guard)
+
+
+def test_consecutive_skips_stop_with_checkpoint_and_names(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("amp=O1", HUGE, "trainer.max_steps=20", "amp.guard.max_consecutive_skips=3")
+    with pytest.raises(NumericsGuardStop, match="3 consecutive steps skipped") as err:
+        train(cfg, tmp_path)
+    assert "non-finite gradients in:" in str(err.value) and "checkpoint saved" in str(err.value)
+    assert ckpt.load(tmp_path / "checkpoints" / ckpt.LAST)["step"] == 3
+    assert read_metrics(tmp_path / "metrics.jsonl", "guard")[-1]["consecutive"] == 3
+
+
+def test_loss_scale_floor_stops_when_asked(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("amp=O1", HUGE, "trainer.max_steps=20", f"amp.guard.min_loss_scale={2.0**39}",
+                   "amp.guard.on_min_loss_scale=stop")
+    with pytest.raises(NumericsGuardStop, match="fell below amp.guard.min_loss_scale"):
+        train(cfg, tmp_path)
+
+
+def test_first_nonfinite_layer_is_named():
+    conv = paddle.nn.Conv2D(1, 1, 1, bias_attr=False)
+    conv.weight.set_value(paddle.full([1, 1, 1, 1], 2.0))
+    net = paddle.nn.Sequential(paddle.nn.ReLU(), conv, paddle.nn.BatchNorm2D(1))
+    guard = NumericsGuard(find_nonfinite_layer=True)
+    guard.attach(net)
+    amp = Amp(name="O1", enabled=True)
+    amp.resolve(DeviceInfo("cpu", "cpu"))
+    guard.before_step()
+    with amp.autocast():
+        net(paddle.full([1, 1, 2, 2], 40000.0))  # conv output 80000: inf in fp16
+    events = guard.after_step(1, False, 1.0, ["1.weight"])
+    assert events[0]["first_nonfinite_layer"] == "1 (Conv2D)"
+
+
+def test_guard_rejects_bad_settings():
+    with pytest.raises(ValueError, match="amp.guard.on_min_loss_scale"):
+        NumericsGuard(on_min_loss_scale="panic")
+    with pytest.raises(ValueError, match="amp.guard.max_consecutive_skips"):
+        NumericsGuard(max_consecutive_skips=-1)

@@ -1,0 +1,112 @@
+"""Numerics guard: notice AMP going wrong early, say where, and stop with the evidence saved.
+
+Paddle's GradScaler silently skips steps and halves the scale without a floor; PaddleOCR #6848
+shows a DB run whose scale fell to ~1e-30 while training went on producing nothing. The guard
+watches what the Amp component reports after every step:
+
+- ``max_consecutive_skips``: that many skipped steps in a row stop the run (0 = never), naming the
+  parameters whose gradients were non-finite on the last one.
+- ``min_loss_scale``: a loss scale below this floor is reported; ``on_min_loss_scale`` is ``stop``
+  or ``warn``.
+- ``find_nonfinite_layer``: on a skipped step, name the first layer (in forward order) whose output
+  was non-finite. It checks every layer's output each step, so it costs time; turn it on to debug.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import paddle
+
+log = logging.getLogger(__name__)
+
+
+class NumericsGuardStop(FloatingPointError):
+    """The guard stopped training; the message says why and what was saved."""
+
+
+class NumericsGuard:
+    """Checks run by the trainer after each optimizer step (see module docstring)."""
+
+    def __init__(self, max_consecutive_skips: int = 0, min_loss_scale: float = 0.0,
+                 on_min_loss_scale: str = "warn", find_nonfinite_layer: bool = False):
+        if int(max_consecutive_skips) < 0:
+            raise ValueError(f"amp.guard.max_consecutive_skips: expected >= 0, got {max_consecutive_skips!r}")
+        if on_min_loss_scale not in ("warn", "stop"):
+            raise ValueError(f"amp.guard.on_min_loss_scale: expected warn or stop, got {on_min_loss_scale!r}")
+        self.max_skips = int(max_consecutive_skips)
+        self.min_scale = float(min_loss_scale)
+        self.on_min = on_min_loss_scale
+        self.find_layer = bool(find_nonfinite_layer)
+        self.consecutive = 0
+        self.events: list[dict] = []
+        self._first_bad: str | None = None
+        self._hooks: list = []
+        self._warned_scale = False
+
+    # ---- forward hooks (only when find_nonfinite_layer) --------------------------------------
+    def attach(self, model) -> None:
+        """Register forward hooks that remember the first layer with a non-finite output."""
+        if not self.find_layer:
+            return
+        for name, layer in model.named_sublayers():
+            if not list(layer.children()):  # leaf layers: the ones that compute
+                self._hooks.append(layer.register_forward_post_hook(self._hook(name, layer)))
+
+    def _hook(self, name: str, layer):
+        def check(_layer, _inputs, output):
+            if self._first_bad is None:
+                outs = output if isinstance(output, (list, tuple)) else [output]
+                for t in outs:
+                    if isinstance(t, paddle.Tensor) and t.dtype in (paddle.float32, paddle.float16) and \
+                            not bool(paddle.isfinite(t).all()):
+                        self._first_bad = f"{name} ({type(layer).__name__})"
+                        break
+        return check
+
+    def before_step(self) -> None:
+        self._first_bad = None
+
+    # ---- the check after each step -----------------------------------------------------------
+    def after_step(self, step: int, stepped: bool, loss_scale: float | None, bad_params: list[str]) -> list[dict]:
+        """Record events for this step; raise :class:`NumericsGuardStop` when a limit is hit."""
+        new = []
+        if stepped:
+            self.consecutive = 0
+        else:
+            self.consecutive += 1
+            event = {"step": step, "event": "skipped_step", "consecutive": self.consecutive,
+                     "loss_scale": loss_scale, "nonfinite_grads": bad_params[:10]}
+            if self._first_bad is not None:
+                event["first_nonfinite_layer"] = self._first_bad
+            new.append(event)
+        if loss_scale is not None and loss_scale < self.min_scale:
+            new.append({"step": step, "event": "loss_scale_below_floor", "loss_scale": loss_scale,
+                        "floor": self.min_scale})
+        self.events.extend(new)
+        for e in new:
+            if e["event"] == "loss_scale_below_floor" and self.on_min == "stop":
+                raise NumericsGuardStop(
+                    f"step {step}: loss scale {loss_scale:g} fell below amp.guard.min_loss_scale="
+                    f"{self.min_scale:g}; gradients keep overflowing (see metrics.jsonl guard lines)")
+            if e["event"] == "loss_scale_below_floor" and not self._warned_scale:
+                log.warning("step %d: loss scale %g below amp.guard.min_loss_scale=%g", step, loss_scale,
+                            self.min_scale)
+                self._warned_scale = True
+        if self.max_skips and self.consecutive >= self.max_skips:
+            where = f"; first non-finite layer output: {self._first_bad}" if self._first_bad else ""
+            raise NumericsGuardStop(
+                f"step {step}: {self.consecutive} consecutive steps skipped for non-finite gradients "
+                f"(amp.guard.max_consecutive_skips={self.max_skips}); loss scale {loss_scale}; "
+                f"non-finite gradients in: {', '.join(bad_params[:10]) or 'unknown'}{where}")
+        return new
+
+
+def nonfinite_grads(model) -> list[str]:
+    """Structured names of parameters whose gradient holds inf or NaN."""
+    bad = []
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is not None and not np.isfinite(g.numpy()).all():
+            bad.append(name)
+    return bad
