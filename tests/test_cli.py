@@ -64,3 +64,17 @@ def test_multirun_sweep_writes_one_folder_per_job(tmp_path, ampzoo_home):
     assert got == [("fp16-O1", 0), ("fp16-O1", 1), ("fp32", 0), ("fp32", 1)]
     effective = {json.loads(p.read_text())["effective_precision"] for p in summaries}
     assert effective == {"fp32", "emulated-fp16-O1"}
+
+
+@pytest.mark.slow
+def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
+    small = [o for o in TINY if not o.startswith("trainer.max_steps")]
+    env = {"AMPZOO_HOME": str(ampzoo_home)}
+    for extra in (["--against", "bare"], ["--against", "fp32", "amp=O1"]):
+        out_json = tmp_path / "bench.json"
+        out = run_tool(["tools/benchmark.py", "--steps", "2", "--warmup", "1", "--repeats", "1",
+                        "--out", str(out_json), *extra[:2], *small, *extra[2:]], ROOT, env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out_json.read_text())
+        assert result["images_per_s"] > 0 and result["reference_images_per_s"] > 0
+        assert ("ratio" in result) == (extra[1] == "bare")

@@ -1,11 +1,18 @@
-"""Engine overhead: training throughput of tools/train.py's loop against a bare Paddle loop.
+"""Training throughput benchmarks.
 
-    python tools/benchmark.py --steps 30 --warmup 5 model=resnet18
+    python tools/benchmark.py --steps 30 --warmup 5 model=resnet18            # engine vs bare loop
+    python tools/benchmark.py --against fp32 --steps 20 model=db_det amp=O1  # AMP step time vs FP32
+
+``--against bare`` (default): the zoo's training loop against a bare Paddle loop.
 
 Both loops train the same model (same seed) on the same dataset with the same optimizer, batch size
 and worker count; the bare loop is a paddle.io.DataLoader, forward, cross-entropy, backward, step,
 clear_grad and reading the loss, nothing else. Throughput is images per wall-clock second over the
-steps after the warm-up, data loading included. Everything after the flags is a Hydra override of configs/train.yaml.
+steps after the warm-up, data loading included.
+
+``--against fp32``: the engine with the configured ``amp`` against the same run with ``amp=fp32``;
+on a CPU that measures the cost of emulation. Everything after the flags is a Hydra override of
+configs/train.yaml.
 """
 from __future__ import annotations
 
@@ -67,6 +74,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of both loops")
     ap.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+    ap.add_argument("--against", choices=("bare", "fp32"), default="bare",
+                    help="compare the engine with a bare Paddle loop, or AMP with FP32")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=resnet18")
     args = ap.parse_args()
     over = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress=false",
@@ -74,22 +83,32 @@ def main() -> None:
             "sched=constant", "optim.optimizer.multi_precision=false", *args.overrides]
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
-    engine, bare = [], []
+        ref_cfg = compose(config_name="train", overrides=[*over, "amp=fp32"])
+    a_runs, b_runs = [], []
     for _ in range(args.repeats):  # alternate, so drift in machine load hits both alike
-        bare.append(bare_loop(cfg, args.steps, args.warmup))
-        engine.append(engine_loop(cfg, args.steps, args.warmup))
+        if args.against == "bare":
+            b_runs.append(bare_loop(cfg, args.steps, args.warmup))
+        else:
+            b_runs.append(engine_loop(ref_cfg, args.steps, args.warmup))
+        a_runs.append(engine_loop(cfg, args.steps, args.warmup))
+    a, b = float(np.median(a_runs)), float(np.median(b_runs))
     result = {"model": cfg.model.name, "data": cfg.data.name, "batch_size": cfg.model.batch_size,
-              "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-              "engine_images_per_s": float(np.median(engine)), "bare_images_per_s": float(np.median(bare)),
-              "engine_runs": engine, "bare_runs": bare, "device": paddle.device.get_device(),
+              "amp": cfg.amp.name, "against": args.against, "steps": args.steps, "warmup": args.warmup,
+              "repeats": args.repeats, "images_per_s": a, "reference_images_per_s": b, "runs": a_runs,
+              "reference_runs": b_runs, "device": paddle.device.get_device(),
               "paddle_version": paddle.__version__}
-    result["ratio"] = result["engine_images_per_s"] / result["bare_images_per_s"]
-    print(f"{cfg.model.name} batch {cfg.model.batch_size}: engine {result['engine_images_per_s']:.1f} img/s, "
-          f"bare loop {result['bare_images_per_s']:.1f} img/s, ratio {result['ratio']:.3f} (median of "
-          f"{args.repeats}, {args.steps} steps after {args.warmup} warm-up)")
+    if args.against == "bare":
+        result["ratio"] = a / b
+        print(f"{cfg.model.name} batch {cfg.model.batch_size}: engine {a:.1f} img/s, bare loop {b:.1f} img/s, "
+              f"ratio {result['ratio']:.3f} (median of {args.repeats}, {args.steps} steps after "
+              f"{args.warmup} warm-up)")
+    else:
+        result["step_time_ratio"] = b / a
+        print(f"{cfg.model.name} batch {cfg.model.batch_size}: amp={cfg.amp.name} {a:.2f} img/s, fp32 {b:.2f} img/s, "
+              f"step time ratio {result['step_time_ratio']:.3f} (median of {args.repeats}, {args.steps} steps "
+              f"after {args.warmup} warm-up)")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-
 
 if __name__ == "__main__":
     main()
