@@ -195,3 +195,22 @@ def test_emulated_o2_trains_a_classifier_with_fp32_master_weights():
         first = first if first is not None else float(loss)
     assert float(loss) < 0.8 * first
     assert all(p.dtype == paddle.float32 for p in net.parameters())
+
+
+def test_overflowed_exp_gives_nan_gradient_as_on_a_gpu():
+    """DB's step function 1/(1+exp(-k(P-T))) in fp16: exp overflows, its backward is inf * 0."""
+    x = paddle.to_tensor(np.array([20.0, 1.0], np.float32), stop_gradient=False)
+    with Emulation("O2", "float16")():
+        y = paddle.reciprocal(1 + paddle.exp(x))
+    y.sum().backward()
+    assert y.numpy()[0] == 0.0 and np.isnan(x.grad.numpy()[0]) and np.isfinite(x.grad.numpy()[1])
+    x.clear_gradient()
+    with Emulation("O2", "float16", custom_black_list=["exp"])():
+        y = paddle.reciprocal(1 + paddle.exp(x))
+    y.sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()  # the recipe's black list keeps the gradient finite
+    x.clear_gradient()
+    with Emulation("O2", "float16")():
+        s = paddle.nn.functional.sigmoid(x)
+    s.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), (s * (1 - s)).numpy(), rtol=1e-3, atol=1e-7)

@@ -28,6 +28,7 @@ import threading
 
 import paddle
 from paddle import _C_ops
+from paddle.autograd import PyLayer
 
 # Paddle's AMP lists use legacy op names; the wrapped functions use _C_ops names.
 ALIASES = {"elementwise_add": "add", "elementwise_sub": "subtract", "elementwise_mul": "multiply",
@@ -48,6 +49,15 @@ WRAPPED_OPS = (
 _DUNDERS = {"__add__": "add", "__radd__": "add", "__sub__": "subtract", "__rsub__": "subtract",
             "__mul__": "multiply", "__rmul__": "multiply", "__truediv__": "divide",
             "__rtruediv__": "divide", "__neg__": "scale", "__pow__": "pow"}
+# Ops whose backward is computed from their own output. On a GPU that output is the fp16 one
+# (exp(12) = inf), so the backward sees inf too (inf * 0 = NaN): these run through _LowUnary,
+# whose backward uses the rounded output, instead of a cast after an fp32 op.
+_OUTPUT_GRAD = {
+    "exp": lambda y: y,
+    "sigmoid": lambda y: y * (1.0 - y),
+    "tanh": lambda y: 1.0 - y * y,
+    "reciprocal": lambda y: -(y * y),
+}
 _TAG = "_zoo_lowp"
 _FLOAT = (paddle.float32, paddle.float64)
 _state = threading.local()
@@ -63,6 +73,23 @@ def round_to(x: paddle.Tensor, dtype: str) -> paddle.Tensor:
     out = x.astype(dtype).astype(x.dtype)
     setattr(out, _TAG, True)
     return out
+
+
+class _LowUnary(PyLayer):
+    """y = round(f(round(x))) whose gradient is round(round(g) * f'(from the rounded y))."""
+
+    @staticmethod
+    def forward(ctx, x, fn, op, dtype):
+        y = fn(x.astype(dtype).astype(x.dtype)).astype(dtype).astype(x.dtype)
+        ctx.save_for_backward(y)
+        ctx.op, ctx.dtype = op, dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensor()
+        g = grad.astype(ctx.dtype).astype(grad.dtype)
+        return (g * _OUTPUT_GRAD[ctx.op](y)).astype(ctx.dtype).astype(grad.dtype)
 
 
 def is_low(x) -> bool:
@@ -120,6 +147,10 @@ class Emulation:
         norm = op in NORMS
         if mode == "gray" and not all(is_low(t) for t in (inputs[:1] if norm else inputs)):
             return fn(*args, **kwargs)  # promoted to fp32 by an fp32 input
+        if op in _OUTPUT_GRAD and len(args) == 1 and not kwargs:
+            out = _LowUnary.apply(args[0], fn, op, self.dtype)
+            setattr(out, _TAG, True)
+            return out
         if mode == "white":
             args = _map_args(args, lambda t: t if is_low(t) else round_to(t, self.dtype), norm)
         out = fn(*args, **kwargs)

@@ -18,6 +18,7 @@ draw all augmentation randomness from ``np.random.default_rng((seed, epoch, inde
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,9 @@ import paddle
 from .classification import read_image_rgb
 from .det_transforms import DetEvalTransform, DetTrainTransform
 
-__all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "read_det_label_file"]
+__all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
+log = logging.getLogger(__name__)
+BAD_SAMPLE_POLICIES = ("fail", "skip")
 
 IGNORE_TRANSCRIPTIONS = ("###", "*")
 SPLITS = ("train", "val")
@@ -80,6 +83,43 @@ def parse_det_label_line(line: str, where: str) -> tuple[str, np.ndarray, np.nda
         polys.append(_parse_points(item["points"], at))
         ignore.append(item["transcription"] in IGNORE_TRANSCRIPTIONS)
     return (path.strip(), np.asarray(polys, np.float32).reshape(-1, 4, 2), np.asarray(ignore, bool))
+
+
+def _verify_image(path: Path, where: str) -> None:
+    import cv2
+
+    # A reduced decode reads the whole file but builds a 1/8 image: cheap, and catches truncation.
+    if not path.is_file() or cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8) is None:
+        raise OSError(f"{where}: image {path} is missing or cannot be decoded")
+
+
+def load_det_labels(path, bad_samples: str = "fail", image_root=None) -> tuple[list, list[str]]:
+    """Read a label file under a bad-sample policy, optionally checking every image decodes.
+
+    ``bad_samples="fail"`` raises at the first bad line or image (before training starts);
+    ``"skip"`` leaves such samples out and returns their messages (file:line and reason) so the
+    caller can count and report them. Returns ``(samples, problems)``.
+    """
+    if bad_samples not in BAD_SAMPLE_POLICIES:
+        raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
+    samples, problems = [], []
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                sample = parse_det_label_line(line, where)
+                if image_root is not None:
+                    _verify_image(Path(image_root) / sample[0], where)
+            except (ValueError, OSError) as e:
+                if bad_samples == "fail":
+                    raise
+                problems.append(str(e))
+                continue
+            samples.append(sample)
+    return samples, problems
 
 
 def read_det_label_file(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -195,9 +235,14 @@ class TextDetData:
     def __init__(self, root, train_label: str = "train_icdar2015_label.txt",
                  val_label: str = "test_icdar2015_label.txt", crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
-                 channel_order: str = "BGR", **aug):
+                 channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool = True, **aug):
         self.root = Path(root).expanduser()
         self.channel_order = channel_order
+        if bad_samples not in BAD_SAMPLE_POLICIES:
+            raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, "
+                             f"got {bad_samples!r}")
+        self.bad_samples, self.verify_images = bad_samples, bool(verify_images)
+        self.skipped: dict[str, list[str]] = {}
         self.label_files = {"train": train_label, "val": val_label}
         self.crop_size, self.eval_size = int(crop_size), tuple(int(v) for v in eval_size)
         if max_polys < 1:
@@ -228,6 +273,13 @@ class TextDetData:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""
         path = self.label_path(split)
         if split not in self._samples:
-            self._samples[split] = read_det_label_file(path)
+            samples, problems = load_det_labels(path, self.bad_samples,
+                                                self.root if self.verify_images else None)
+            if problems:
+                log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip); first: %s",
+                            len(problems), len(problems) + len(samples), path, "; ".join(problems[:3]))
+            if not samples:
+                raise ValueError(f"{path}: no usable samples ({len(problems)} skipped)")
+            self._samples[split], self.skipped[split] = samples, problems
         return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
                               samples=self._samples[split], channel_order=self.channel_order, **self.aug)
