@@ -261,8 +261,12 @@ def test_dataset_errors(tmp_path):
     with pytest.raises(ValueError, match=r"imgs/0\.png.*max_polys=4"):
         data.build("val", 0)
     (tmp_path / "r/imgs/1.png").write_bytes(b"not an image")
-    with pytest.raises(ValueError, match=r"imgs/1\.png"):
-        data.build("train", 0)[1]
+    with pytest.raises(OSError, match=r"imgs/1\.png"):  # found when the data set is built
+        data.build("train", 0)
+    unchecked = TextDetData(tmp_path / "r", train_label="train.txt", val_label="val.txt", crop_size=32,
+                            eval_size=(48, 64), max_polys=8, verify_images=False)
+    with pytest.raises(ValueError, match=r"imgs/1\.png"):  # without the check: when it is loaded
+        unchecked.build("train", 0)[1]
     with pytest.raises(FileNotFoundError, match="no val label file"):
         TextDetData(tmp_path / "r", val_label="nope.txt").build("val", 0)
 
