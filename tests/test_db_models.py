@@ -271,3 +271,32 @@ def test_backbone_checkpoint_without_prefix_loads():
     assert (missing, unexpected) == ([], [])
     for k, v in model.backbone.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), backbone_state[k], err_msg=k)
+
+
+def test_paddleocr_train_tar_and_backbone_only_files_load(tmp_path):
+    """PaddleOCR ships DB as det_*_train.tar holding best_accuracy.pdparams; backbones lack the prefix."""
+    import tarfile
+
+    import zoo
+    from zoo.models.registry import load_checkpoint
+
+    paddle.seed(3)
+    src = zoo.create_model("db_det_tiny")
+    folder = tmp_path / "det_tiny_db_v2.0_train"
+    folder.mkdir()
+    paddle.save(src.state_dict(), str(folder / "best_accuracy.pdparams"))
+    (folder / "train.log").write_text("not weights")
+    tar_path = tmp_path / "det_tiny_db_v2.0_train.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    loaded = zoo.create_model("db_det_tiny", pretrained=str(tar_path))
+    for k, v in src.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[k].numpy(), v.numpy())
+
+    backbone_file = tmp_path / "backbone.pdparams"
+    paddle.save(src.backbone.state_dict(), str(backbone_file))
+    fresh = zoo.create_model("db_det_tiny")
+    report = load_checkpoint(fresh, str(backbone_file))
+    assert not report["unexpected"] and not report["shape_mismatch"]
+    assert all(k.startswith(("neck.", "head.")) for k in report["missing"])
+    np.testing.assert_array_equal(fresh.backbone.conv.conv.weight.numpy(), src.backbone.conv.conv.weight.numpy())

@@ -214,3 +214,15 @@ def test_overflowed_exp_gives_nan_gradient_as_on_a_gpu():
         s = paddle.nn.functional.sigmoid(x)
     s.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), (s * (1 - s)).numpy(), rtol=1e-3, atol=1e-7)
+
+
+def test_value_preserving_ops_stay_representable_without_extra_casts():
+    x = paddle.to_tensor(np.linspace(-3, 3, 16, dtype=np.float32).reshape(1, 1, 4, 4) + 1e-4)
+    w = paddle.ones([1, 1, 1, 1])
+    with Emulation("O1", "float16")():
+        y = paddle.nn.functional.conv2d(x, w)
+        r = paddle.nn.functional.relu(y)
+        c = paddle.concat([r, y], axis=1)
+    for t in (r, c):
+        assert is_low(t)
+        np.testing.assert_array_equal(t.numpy(), t.numpy().astype(np.float16).astype(np.float32))

@@ -9,8 +9,10 @@ registry (``zoo.weights``), not to this module.
 from __future__ import annotations
 
 import fnmatch
+import io
 import logging
 import os
+import tarfile
 import warnings
 from typing import Callable
 
@@ -119,16 +121,48 @@ def _resolve_checkpoint_path(pretrained) -> str:
     raise FileNotFoundError(f"pretrained checkpoint not found: '{path}'")
 
 
-def load_checkpoint(model: paddle.nn.Layer, path: str) -> dict:
-    """Load a local ``.pdparams`` file into ``model`` and return the comparison report.
+def read_state(path: str) -> dict:
+    """State dict of a ``.pdparams`` file, or of the one inside a PaddleOCR ``*_train.tar``.
 
-    Shape-mismatched entries are dropped before ``set_state_dict`` so those
-    parameters keep their initial values instead of depending on Paddle's
-    own mismatch handling.
+    A tar is read member by member in memory (nothing is extracted to disk, so member paths
+    cannot escape anywhere); ``best_accuracy.pdparams`` is preferred, else the only ``.pdparams``.
     """
-    ckpt_state = paddle.load(path)
-    if not isinstance(ckpt_state, dict):
+    if tarfile.is_tarfile(path):
+        with tarfile.open(path) as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".pdparams")]
+            best = [m for m in members if m.name.endswith("best_accuracy.pdparams")]
+            chosen = best or members
+            if len(chosen) != 1:
+                raise ValueError(f"{path}: expected one best_accuracy.pdparams (or a single .pdparams) "
+                                 f"inside, found {[m.name for m in members]}")
+            state = paddle.load(io.BytesIO(tar.extractfile(chosen[0]).read()))
+    else:
+        state = paddle.load(path)
+    if not isinstance(state, dict):
         raise ValueError(f"checkpoint '{path}' does not hold a state dict")
+    return state
+
+
+def _adapt_prefix(model_state: dict, ckpt_state: dict) -> tuple[dict, str | None]:
+    """Add ``backbone.`` to a backbone-only checkpoint's keys (PaddleOCR's pretrained backbones)."""
+    if not ckpt_state or any(k in model_state for k in ckpt_state):
+        return ckpt_state, None
+    prefixed = {f"backbone.{k}": v for k, v in ckpt_state.items()}
+    if sum(k in model_state for k in prefixed) >= len(prefixed) / 2:
+        return prefixed, "backbone."
+    return ckpt_state, None
+
+
+def load_checkpoint(model: paddle.nn.Layer, path: str) -> dict:
+    """Load a local ``.pdparams`` file (or PaddleOCR ``*_train.tar``) into ``model``; return the report.
+
+    A backbone-only checkpoint gets the ``backbone.`` prefix its keys lack. Shape-mismatched
+    entries are dropped before ``set_state_dict`` so those parameters keep their initial values
+    instead of depending on Paddle's own mismatch handling.
+    """
+    ckpt_state, prefix = _adapt_prefix(model.state_dict(), read_state(path))
+    if prefix:
+        logger.info("'%s' holds a backbone only: loading its keys under '%s'", path, prefix)
     report = compare_state_dict(model.state_dict(), ckpt_state)
     bad = set(report["shape_mismatch"]) | set(report["unexpected"])
     with warnings.catch_warnings():
