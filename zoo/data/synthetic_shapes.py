@@ -16,15 +16,12 @@ result is an ordinary PaddleClas root (``train_list.txt``, ``val_list.txt``,
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import socket
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from .cache import cache_dir
+from .cache import cache_dir, publish_atomically
 from .classification import ClassificationData
 
 __all__ = ["SHAPE_NAMES", "SyntheticShapesData", "generate_dataset", "render_shape_image"]
@@ -156,47 +153,9 @@ def generate_dataset(out_dir: Path, num_train: int, num_val: int, image_size: in
     (out_dir / "labels.txt").write_text("".join(n + "\n" for n in SHAPE_NAMES[:num_classes]), encoding="utf-8")
 
 
-def _remove_stale_temps(parent: Path, name: str) -> None:
-    """Delete temp folders of ``name`` left by killed runs on this host.
-
-    Temps of live processes (concurrent ranks) and of other hosts (shared
-    filesystems) are left alone; they are never read either way.
-    """
-    prefix = f"{name}.tmp-{socket.gethostname()}-"
-    for entry in parent.glob(f"{name}.tmp-*"):
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            pid = int(entry.name[len(prefix):])
-            os.kill(pid, 0)
-            alive = pid != os.getpid()
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        except ValueError:
-            alive = False
-        if not alive:
-            shutil.rmtree(entry, ignore_errors=True)
-
-
 def ensure_generated(target: Path, **params) -> Path:
     """Generate the dataset into ``target`` atomically unless it already exists."""
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(target.parent, target.name)
-    tmp = target.parent / f"{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
-    try:
-        generate_dataset(tmp, **params)
-        os.rename(tmp, target)
-    except OSError:
-        if not target.is_dir():
-            raise
-        # Another process published the same dataset first; it is identical.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return publish_atomically(target, lambda tmp: generate_dataset(tmp, **params))
 
 
 class SyntheticShapesData(ClassificationData):

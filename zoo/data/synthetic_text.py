@@ -22,15 +22,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import shutil
-import socket
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from .cache import cache_dir
+from .cache import cache_dir, publish_atomically
 from .text_det import TextDetData
 
 __all__ = ["SyntheticTextData", "generate_dataset", "render_text_image"]
@@ -218,41 +215,9 @@ def generate_dataset(out_dir: Path, num_train: int, num_val: int, height: int, w
             (out_dir / f"{split}_label.txt").write_text("".join(lines), encoding="utf-8")
 
 
-def _remove_stale_temps(parent: Path, name: str) -> None:
-    """Delete temp folders of ``name`` left on this host by processes that died."""
-    prefix = f"{name}.tmp-{socket.gethostname()}-"
-    for entry in parent.glob(f"{name}.tmp-*"):
-        pid = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
-        if not pid.isdigit():
-            continue  # another host's temp (shared filesystem): not ours to judge
-        try:
-            os.kill(int(pid), 0)
-            continue  # still running (e.g. a concurrent rank)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(entry, ignore_errors=True)
-
-
 def ensure_generated(target: Path, **params) -> Path:
-    """Generate into ``target`` atomically (temp sibling + rename) unless it exists."""
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(target.parent, target.name)
-    # Temps are per host and process: concurrent ranks never share one.
-    tmp = target.parent / f"{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
-    try:
-        generate_dataset(tmp, **params)
-        os.rename(tmp, target)
-    except OSError:
-        if not target.is_dir():
-            raise
-        # Another process published the same (identical) dataset first.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """Generate the dataset into ``target`` atomically unless it already exists."""
+    return publish_atomically(target, lambda tmp: generate_dataset(tmp, **params))
 
 
 class SyntheticTextData(TextDetData):
