@@ -1,0 +1,39 @@
+"""AMP parity report: ``python tools/report.py RUN_OR_MULTIRUN_DIR [...] [--out DIR] [--delta X]``.
+
+Compares each AMP precision with FP32 on the primary metric (TOST over seeds), prints the Markdown
+table and writes report.md, report.json, PNGs and index.html to --out (default <first input>/report).
+Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2 usage/input error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import _entry  # noqa: F401  (puts the repo on sys.path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="+", help="run folders, summary.json files or multirun folders")
+    parser.add_argument("--out", default=None, help="report folder (default: <first input>/report)")
+    parser.add_argument("--delta", type=float, default=None,
+                        help="equivalence margin in percentage points (default: configs/report.yaml)")
+    parser.add_argument("--alpha", type=float, default=0.05, help="test level (90%% CI at 0.05)")
+    args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
+
+    from zoo.report import ReportInputError, make_report
+
+    try:
+        code, md = make_report(args.inputs, args.out, args.delta, args.alpha)
+    except (ReportInputError, OSError) as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    print(md, end="", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Write the parity report: report.md, report.json, PNG figures and an index.html that shows them."""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on training machines
+import matplotlib.pyplot as plt
+import numpy as np
+
+from zoo.report.parity import FP32, finite_or_none
+
+HEADER = ["configuration", "batch size", "peak memory", "images/s", "metric mean ± std (n)",
+          "Δ vs FP32", "90% CI", "verdict", "skipped steps", "final loss scale"]
+
+
+def _num(x, fmt="{:.1f}"):
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+
+
+def _row(entry: dict, side: dict, is_ref: bool) -> list[str]:
+    """Table cells of one precision of one group."""
+    batch = f"{side['global_batch_size']}"
+    if side.get("world_size") and side["world_size"] > 1:
+        batch += f" ({side['batch_size_per_rank']}×{side['world_size']})"
+    mem = _num(side["peak_memory_mb"], "{:.0f} MB")
+    if side["peak_memory_mb"] is not None and side.get("peak_memory_kind"):
+        mem += f" ({side['peak_memory_kind']})"
+    std = f"{side['std']:.2f}" if side["n"] > 1 else "—"
+    metric = f"{entry['metric']} {side['mean']:.2f} ± {std} ({side['n']})"
+    if is_ref:
+        diff, ci, verdict = "—", "—", "reference"
+    else:
+        diff = _num(side["diff"], "{:+.2f} pp")
+        ci = "single seed" if side["test"] == "single seed" else (
+            f"[{side['ci'][0]:+.2f}, {side['ci'][1]:+.2f}]" if side["ci"] else "—")
+        verdict = side["verdict"] + (" (single seed)" if side["test"] == "single seed" else "")
+        if side["test"] == "no FP32 runs":
+            verdict += " (no FP32 runs)"
+    scales = ", ".join(f"{s:g}" for s in side["final_loss_scale"]) or "—"
+    return [f"{entry['group']} / {side['precision']}", batch, mem, _num(side["images_per_s"]),
+            metric, diff, ci, verdict, _num(side["skipped_steps"], "{:.1f}"), scales]
+
+
+def table_rows(table: list[dict]) -> list[list[str]]:
+    rows = []
+    for entry in table:
+        if entry["fp32"]:
+            rows.append(_row(entry, entry["fp32"], True))
+        rows.extend(_row(entry, side, False) for side in entry["amp"])
+    return rows
+
+
+def markdown(table: list[dict], aside: list) -> str:
+    """The Markdown report: parity table, margins used, and set-aside runs with reasons."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(table)]
+    lines.append("")
+    for e in table:
+        lines.append(f"- {e['group']}: {e['metric']} in percentage points, equivalence margin "
+                     f"±{e['delta']:g} pp ({e['delta_source']}), alpha {e['alpha']:g} "
+                     f"(TOST; the 90% CI must lie inside the margin)")
+    if not any(e["amp"] for e in table):
+        lines.append("- no AMP runs left after setting aside: nothing was shown")
+    if aside:
+        lines += ["", "Set aside (neither AMP nor FP32 evidence):", ""]
+        lines += [f"- `{a.path}`: {a.reason}" for a in aside]
+    return "\n".join(lines) + "\n"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def _mean_curve(runs, key):
+    """Mean of ``key`` over runs at each logged step (steps logged by at least one run)."""
+    by_step = defaultdict(list)
+    for run in runs:
+        for rec in run.series("train"):
+            if isinstance(rec.get(key), (int, float)):
+                by_step[rec["step"]].append(float(rec[key]))
+    steps = sorted(by_step)
+    return steps, [float(np.mean(by_step[s])) for s in steps]
+
+
+def _figures(key, by_prec: dict, out: Path) -> list[str]:
+    """Loss curves, loss-scale trajectories and metric-per-seed dots for one group."""
+    slug, files = _slug("_".join(map(str, key))), []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for prec, runs in by_prec.items():
+        steps, loss = _mean_curve(runs, "loss")
+        if steps:
+            ax.plot(steps, loss, label=f"{prec} (mean of {len(runs)})", lw=2 if prec == FP32 else 1.2)
+    ax.set(xlabel="step", ylabel="train loss", title="loss: FP32 vs AMP")
+    ax.legend(fontsize=7)
+    files.append(_save(fig, out / f"{slug}_loss.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for prec, runs in by_prec.items():
+        for run in runs:
+            recs = [r for r in run.series("train") if isinstance(r.get("loss_scale"), (int, float))
+                    and r["loss_scale"] > 0]
+            if not recs:
+                continue  # FP32 runs have no scaler
+            line, = ax.plot([r["step"] for r in recs], [r["loss_scale"] for r in recs], lw=1,
+                            label=f"{prec} seed {run.summary['seed']}")
+            # A skipped step shows as an increase of the cumulative counter between log records.
+            prev, marks = 0, []
+            for r in recs:
+                if isinstance(r.get("skipped_steps"), (int, float)) and r["skipped_steps"] > prev:
+                    marks.append(r)
+                    prev = r["skipped_steps"]
+            if marks:
+                ax.scatter([r["step"] for r in marks], [r["loss_scale"] for r in marks], marker="x",
+                           color=line.get_color(), zorder=3)
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="loss scale (log)", title="loss scale (x = skipped steps)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    files.append(_save(fig, out / f"{slug}_loss_scale.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(by_prec)
+    for i, prec in enumerate(names):
+        vals = [r.metric * 100 for r in by_prec[prec]]
+        ax.scatter([i] * len(vals), vals, alpha=0.7)
+        ax.hlines(np.mean(vals), i - 0.2, i + 0.2, color="k")
+    metric = next(iter(by_prec.values()))[0].metric_name
+    ax.set_xticks(range(len(names)), names, fontsize=7)
+    ax.set(ylabel=f"{metric} (%)", title="primary metric per seed")
+    files.append(_save(fig, out / f"{slug}_metric.png"))
+    return files
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name
+
+
+def _html(table: list[dict], aside: list, images: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+                   for cells in table_rows(table))
+    aside_html = "".join(f"<li><code>{html.escape(str(a.path))}</code>: {html.escape(a.reason)}</li>"
+                         for a in aside)
+    imgs = "".join(f'<img src="{html.escape(i)}" alt="{html.escape(i)}">' for i in images)
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>AMP parity report</title>"
+            "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 6px}"
+            "img{max-width:32%;margin:4px}</style></head><body><h1>AMP vs FP32 parity</h1>"
+            f"<table><tr>{head}</tr>{body}</table>"
+            + (f"<h2>Set aside</h2><ul>{aside_html}</ul>" if aside else "")
+            + f"<h2>Figures</h2>{imgs}</body></html>\n")
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        obj = obj.item()
+    return finite_or_none(obj)
+
+
+def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bool) -> str:
+    """Write every report file into ``out``; returns the Markdown text."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = markdown(table, aside)
+    (out / "report.md").write_text(md)
+    images = [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
+    data = {"all_equivalent": ok, "groups": table, "images": images,
+            "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside]}
+    (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    (out / "index.html").write_text(_html(table, aside, images))
+    return md

@@ -1,0 +1,175 @@
+"""Load finished run folders (summary.json + metrics.jsonl) and sort them into comparable groups.
+
+Only the documented run-folder contract is read (README "What a run leaves behind"), so the report
+works on folders copied from another machine without Paddle or the original configs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REQUIRED_KEYS = ("model", "data", "seed", "requested_precision", "effective_precision",
+                 "primary_metric", "steps", "global_batch_size")
+# Files that mark a folder as a (possibly unfinished) run folder even without summary.json.
+_RUN_MARKERS = ("metrics.jsonl", "config.yaml", "train.log")
+_MAX_DEPTH = 3  # Hydra multirun: <sweep>/<job>/ or outputs/<name>/<time stamp>/
+
+
+class ReportInputError(Exception):
+    """A run folder or summary the report cannot use; the message names the file (and key)."""
+
+
+@dataclass
+class Run:
+    """One finished run: its folder, its summary and its metric log records."""
+    path: Path
+    summary: dict
+    records: list = field(default_factory=list)
+
+    @property
+    def metric(self) -> float:
+        return float(self.summary["primary_metric"]["value"])
+
+    @property
+    def metric_name(self) -> str:
+        return str(self.summary["primary_metric"]["name"])
+
+    @property
+    def precision(self) -> str:
+        return str(self.summary["effective_precision"])
+
+    def series(self, kind: str = "train") -> list[dict]:
+        """Records of one kind ("train", "eval", "guard"), in step order."""
+        return sorted((r for r in self.records if r.get("kind") == kind
+                       and isinstance(r.get("step"), (int, float))), key=lambda r: r["step"])
+
+
+@dataclass
+class SetAside:
+    """A run that is evidence for neither side, and why."""
+    path: Path
+    reason: str
+
+
+def _load_summary(path: Path) -> dict:
+    """Parse and validate one summary.json, raising ReportInputError that names file and key."""
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportInputError(f"{path}: missing summary.json (run unfinished or crashed? pass finished run folders explicitly)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportInputError(f"{path}: corrupt summary.json ({err})") from None
+    if not isinstance(summary, dict):
+        raise ReportInputError(f"{path}: summary.json is not a JSON object")
+    for key in REQUIRED_KEYS:
+        if key not in summary:
+            raise ReportInputError(f"{path}: summary.json lacks required key '{key}'")
+    pm = summary["primary_metric"]
+    if not isinstance(pm, dict) or "name" not in pm or "value" not in pm:
+        raise ReportInputError(f"{path}: summary.json key 'primary_metric' needs 'name' and 'value'")
+    for key in ("steps", "global_batch_size"):
+        if not isinstance(summary[key], int) or isinstance(summary[key], bool):
+            raise ReportInputError(f"{path}: summary.json key '{key}' is not an integer")
+    try:
+        value = float(pm["value"])
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ReportInputError(f"{path}: summary.json key 'primary_metric' has no finite value")
+    return summary
+
+
+def _load_records(path: Path) -> list[dict]:
+    """metrics.jsonl records; a missing log or a torn last line only costs curves, not the verdict."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # e.g. a run killed mid-write; the summary is what the verdict rests on
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "summary.json").exists() or any((path / m).exists() for m in _RUN_MARKERS)
+
+
+def find_run_dirs(inputs) -> list[Path]:
+    """Run folders named by ``inputs``: each a run folder, its summary.json, or a folder of runs."""
+    found: list[Path] = []
+    for item in map(Path, inputs):
+        if item.is_file() and item.name == "summary.json":
+            found.append(item.parent)
+        elif not item.exists():
+            raise ReportInputError(f"{item}: no such file or folder")
+        elif _is_run_dir(item):
+            found.append(item)
+        else:
+            below = _search(item, 1)
+            if not below:
+                raise ReportInputError(f"{item}: no run folders (with summary.json) found")
+            found.extend(below)
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    return unique
+
+
+def _search(folder: Path, depth: int) -> list[Path]:
+    """Run folders below ``folder``, skipping hidden folders (.hydra) and earlier report output."""
+    runs = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if child.name.startswith(".") or child.name == "report":
+            continue
+        if _is_run_dir(child):
+            runs.append(child)
+        elif depth < _MAX_DEPTH:
+            runs.extend(_search(child, depth + 1))
+    return runs
+
+
+def load_runs(inputs) -> list[Run]:
+    """Load every run under ``inputs``; any unusable summary stops the report (no silent gaps)."""
+    return [Run(d, _load_summary(d / "summary.json"), _load_records(d / "metrics.jsonl"))
+            for d in find_run_dirs(inputs)]
+
+
+def set_aside_reason(run: Run) -> str | None:
+    """Why a run is no evidence for the AMP-vs-FP32 comparison, or None when it is usable."""
+    s = run.summary
+    status = s.get("status", "completed")
+    if status != "completed":
+        return f"status '{status}', not completed"
+    requested, effective = str(s["requested_precision"]), str(s["effective_precision"])
+    if requested != "fp32" and effective == "fp32":
+        # Paddle silently runs FP32 where AMP is unsupported: such a run says nothing about AMP.
+        return (f"requested {requested} but computed in FP32 on {s.get('device', 'an unknown device')}: "
+                "not AMP evidence")
+    return None
+
+
+def group_key(run: Run) -> tuple:
+    """Runs are comparable when model, data, training length and global batch all match."""
+    s = run.summary
+    return (str(s["model"]), str(s["data"]), int(s["steps"]), int(s["global_batch_size"]))
+
+
+def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
+    """{group key: {effective precision: [runs by seed]}} and the list of set-aside runs."""
+    groups: dict = defaultdict(lambda: defaultdict(list))
+    aside = []
+    for run in runs:
+        reason = set_aside_reason(run)
+        if reason:
+            aside.append(SetAside(run.path, reason))
+        else:
+            groups[group_key(run)][run.precision].append(run)
+    for by_prec in groups.values():
+        for lst in by_prec.values():
+            lst.sort(key=lambda r: (str(r.summary["seed"]), str(r.path)))
+    return {k: dict(v) for k, v in sorted(groups.items())}, aside
