@@ -59,7 +59,8 @@ def _load_summary(path: Path) -> dict:
     try:
         summary = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ReportInputError(f"{path}: missing summary.json (run unfinished or crashed? pass finished run folders explicitly)") from None
+        raise ReportInputError(f"{path}: missing summary.json (run unfinished or crashed? "
+                               "pass finished run folders explicitly)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ReportInputError(f"{path}: corrupt summary.json ({err})") from None
     if not isinstance(summary, dict):
