@@ -207,3 +207,18 @@ def test_missing_summary_and_key_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "2_fp32_seed1" in err and "'effective_precision'" in err
     assert report_tool.main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_model_cards_section_is_rewritten_and_nothing_else(tmp_path):
+    from zoo.report.cards import update_section
+    from zoo.report.runs import ReportInputError
+
+    cards = tmp_path / "CARDS.md"
+    cards.write_text("# Cards\nprose stays\n<!-- measured:x -->\nold table\n<!-- /measured:x -->\ntail stays\n")
+    update_section(cards, "x", "| new | table |", "python tools/report.py runs")
+    text = cards.read_text()
+    assert "old table" not in text and "| new | table |" in text and "`python tools/report.py runs`" in text
+    assert text.startswith("# Cards\nprose stays\n<!-- measured:x -->")
+    assert text.endswith("<!-- /measured:x -->\ntail stays\n")
+    with pytest.raises(ReportInputError, match="measured:y"):
+        update_section(cards, "y", "t", "c")

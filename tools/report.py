@@ -1,5 +1,8 @@
 """AMP parity report: ``python tools/report.py RUN_OR_MULTIRUN_DIR [...] [--out DIR] [--delta X]``.
 
+``--model-cards MODEL_CARDS.md --section NAME`` also rewrites that file's measured section NAME
+(between ``<!-- measured:NAME -->`` markers) from the same runs, so the cards cannot drift.
+
 Compares each AMP precision with FP32 on the primary metric (TOST over seeds), prints the Markdown
 table and writes report.md, report.json, PNGs and index.html to --out (default <first input>/report).
 Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2 usage/input error.
@@ -20,12 +23,21 @@ def main(argv=None) -> int:
     parser.add_argument("--delta", type=float, default=None,
                         help="equivalence margin in percentage points (default: configs/report.yaml)")
     parser.add_argument("--alpha", type=float, default=0.05, help="test level (90%% CI at 0.05)")
+    parser.add_argument("--model-cards", default=None, metavar="FILE",
+                        help="also rewrite the measured section --section of this file (MODEL_CARDS.md)")
+    parser.add_argument("--section", default=None, help="name of the <!-- measured:NAME --> section")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
 
     from zoo.report import ReportInputError, make_report
+    from zoo.report.cards import update_section
 
+    if bool(args.model_cards) != bool(args.section):
+        parser.error("--model-cards and --section go together")
     try:
         code, md = make_report(args.inputs, args.out, args.delta, args.alpha)
+        if args.model_cards:
+            command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            update_section(args.model_cards, args.section, md, command)
     except (ReportInputError, OSError) as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
