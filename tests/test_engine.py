@@ -68,11 +68,15 @@ def test_corrupt_checkpoint_is_named(tmp_path):
 
 
 def _losses(path):
-    return [(r["step"], r["loss"], r["lr"]) for r in read_metrics(path / "metrics.jsonl", "train")]
+    return [(r["step"], r["loss"], r["lr"], r["loss_scale"], r["skipped_steps"])
+            for r in read_metrics(path / "metrics.jsonl", "train")]
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, monkeypatch):
-    over = ["trainer.max_steps=6", "trainer.ckpt_every=3", "trainer.ema_decay=0.8", "seed=3"]
+    # Emulated fp16 with a scale that overflows at first: the resumed run must continue the
+    # loss-scale trajectory (scaler state in the checkpoint), not restart it.
+    over = ["trainer.max_steps=6", "trainer.ckpt_every=3", "trainer.ema_decay=0.8", "seed=3", "amp=O1",
+            f"amp.init_loss_scaling={2.0**22}", "amp.incr_every_n_steps=2"]
     full = train(tiny_cfg(*over), tmp_path / "runs" / "full")
 
     # Same run, killed during step 5 (after the checkpoint at step 3 was written).
@@ -94,6 +98,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, mo
     assert resumed["resumed_from"].endswith("a_killed/checkpoints/last.pdckpt")
     assert _losses(tmp_path / "runs2" / "b_resumed") == _losses(tmp_path / "runs" / "full")
     assert resumed["param_digests"] == full["param_digests"]
+    assert resumed["final_loss_scale"] == full["final_loss_scale"] and full["skipped_steps"] > 0
     assert resumed["metrics"] == full["metrics"]
 
 
