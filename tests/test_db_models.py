@@ -300,3 +300,19 @@ def test_paddleocr_train_tar_and_backbone_only_files_load(tmp_path):
     assert not report["unexpected"] and not report["shape_mismatch"]
     assert all(k.startswith(("neck.", "head.")) for k in report["missing"])
     np.testing.assert_array_equal(fresh.backbone.conv.conv.weight.numpy(), src.backbone.conv.conv.weight.numpy())
+
+
+def test_tar_without_a_single_weights_file_is_refused_by_name(tmp_path):
+    import io
+    import tarfile
+
+    import zoo
+
+    tar_path = tmp_path / "det_x_train.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for name in ("a/model_1.pdparams", "a/model_2.pdparams"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(ValueError, match="det_x_train.tar: expected one best_accuracy.pdparams"):
+        zoo.create_model("db_det_tiny", pretrained=str(tar_path))

@@ -200,3 +200,19 @@ def test_gradient_clipping_bounds_the_first_update(tiny_cfg, tmp_path):
     step = np.sqrt(sum(((p.numpy() - before[n]) ** 2).sum() for n, p in trainable.items()))
     # Momentum's first update is lr * clipped gradient, whose global norm is the clip norm.
     assert np.isclose(step, 0.5 * 0.001, rtol=1e-3)
+
+
+def test_resume_errors_name_the_path_and_the_mismatch(tiny_cfg, tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="trainer.resume=.*no checkpoint at"):
+        train(tiny_cfg(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "a")
+    train(tiny_cfg(), tmp_path / "tiny")
+    other = tiny_cfg("model.net.name=resnet18", f"trainer.resume={tmp_path / 'tiny'}")
+    with pytest.raises(ckpt.CheckpointError, match="does not fit this model"):
+        train(other, tmp_path / "b")
+
+
+def test_resume_refuses_same_names_with_other_shapes(tiny_cfg, tmp_path):
+    train(tiny_cfg(), tmp_path / "tiny")
+    wider = tiny_cfg("+model.net.widths=[8,16,32,128]", f"trainer.resume={tmp_path / 'tiny'}")
+    with pytest.raises(ckpt.CheckpointError, match="shape mismatch \\['blocks.3"):
+        train(wider, tmp_path / "b")

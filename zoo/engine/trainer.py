@@ -23,6 +23,7 @@ from zoo.engine import distributed as dist
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.runinfo import peak_memory_mb
+from zoo.models import compare_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,13 @@ class Trainer:
                 "images_seen": self.images_seen, "config": self.config_yaml}
 
     def load_state_dict(self, state: dict, source: Path) -> None:
-        missing, unexpected = dist.unwrap(self.model).set_state_dict(state["model"])
-        if missing or unexpected:
-            raise ckpt.CheckpointError(f"{source} does not fit this model: missing {missing[:5]}, "
-                                       f"unexpected {unexpected[:5]}")
+        layer = dist.unwrap(self.model)
+        report = compare_state_dict(layer.state_dict(), state["model"])
+        if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
+            raise ckpt.CheckpointError(f"{source} does not fit this model: missing {report['missing'][:5]}, "
+                                       f"unexpected {report['unexpected'][:5]}, "
+                                       f"shape mismatch {report['shape_mismatch'][:5]}")
+        layer.set_state_dict(state["model"])
         self.optimizer.set_state_dict(ckpt.optimizer_state_local(state["optimizer"], dist.unwrap(self.model)))
         self.scheduler.set_state_dict(state["scheduler"])
         self.amp.set_state_dict(state["amp"])
