@@ -28,9 +28,17 @@ def user_errors() -> tuple[type[BaseException], ...]:
             NumericsGuardStop, FileNotFoundError, ValueError)
 
 
-def fail(err: BaseException) -> None:
-    """Print ``error: ...`` (full traceback with HYDRA_FULL_ERROR=1) and exit 2."""
+def report_error(err: BaseException) -> int:
+    """Print ``error: ...`` and return exit status 2 (re-raise for a traceback with HYDRA_FULL_ERROR=1)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    return 2
+
+
+def run_or_exit(fn, *args):
+    """``fn(*args)``; an input error (see :func:`user_errors`) becomes one ``error:`` line and exit 2."""
+    try:
+        return fn(*args)
+    except user_errors() as err:
+        sys.exit(report_error(err))

@@ -17,10 +17,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     from zoo.engine.evaluate_run import evaluate_checkpoint
 
-    try:
-        result = evaluate_checkpoint(cfg, HydraConfig.get().runtime.output_dir)
-    except _entry.user_errors() as err:
-        _entry.fail(err)
+    result = _entry.run_or_exit(evaluate_checkpoint, cfg, HydraConfig.get().runtime.output_dir)
     print(json.dumps(result["metrics"], indent=2))
 
 

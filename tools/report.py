@@ -10,10 +10,9 @@ Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-import _entry  # noqa: F401  (puts the repo on sys.path)
+import _entry  # puts the repo on sys.path; shared error reporting
 
 
 def main(argv=None) -> int:
@@ -39,10 +38,7 @@ def main(argv=None) -> int:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
             update_section(args.model_cards, args.section, md, command)
     except (ReportInputError, OSError) as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
+        return _entry.report_error(err)
     print(md, end="", flush=True)
     return code
 

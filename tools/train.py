@@ -16,10 +16,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> float:
     from zoo.engine.run import train
 
-    try:
-        summary = train(cfg, HydraConfig.get().runtime.output_dir)
-    except _entry.user_errors() as err:
-        _entry.fail(err)
+    summary = _entry.run_or_exit(train, cfg, HydraConfig.get().runtime.output_dir)
     return summary["primary_metric"]["value"]
 
 

@@ -189,7 +189,7 @@ class Amp:
         """Current loss scale, None when no scaler is in use."""
         if self.scaler is None:
             return None
-        return float(self.scaler._scale.reshape([]))
+        return float(self.scaler._scale)  # kept 0-d by zoo.amp.scaler
 
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:

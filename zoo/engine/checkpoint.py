@@ -42,15 +42,20 @@ def atomic_save(obj, path: str | Path) -> Path:
     return path
 
 
-def load(path: str | Path) -> dict:
-    """Load a checkpoint written by :func:`atomic_save`, with an error naming the file."""
+def read(path: str | Path):
+    """Whatever ``paddle.save`` wrote at ``path``, with errors naming the file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = paddle.load(str(path))
+        return paddle.load(str(path))
     except Exception as e:  # paddle raises assorted types for corrupt pickles
         raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+
+
+def load(path: str | Path) -> dict:
+    """Load a checkpoint written by :func:`atomic_save`, with an error naming the file."""
+    state = read(path)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"{path} is not an ampzoo training checkpoint (needs 'model' and 'step')")
     return state
@@ -120,27 +125,21 @@ def _rename(key: str, table: dict[str, str], sep_in: str, sep_out: str) -> str:
     return key
 
 
+def _remap(state: dict, table: dict[str, str], sep_in: str, sep_out: str) -> dict:
+    out = {}
+    for k, v in state.items():
+        if k == "master_weights" and isinstance(v, dict):
+            out[k] = {table.get(n, n): t for n, t in v.items()}
+        else:
+            out[k if k in table else _rename(k, table, sep_in, sep_out)] = v
+    return out
+
+
 def optimizer_state_portable(opt_state: dict, model) -> dict:
     """Optimizer state with variable names replaced by structured parameter names."""
-    to_struct, _ = _name_maps(model)
-    out = {}
-    for k, v in opt_state.items():
-        if k == "master_weights" and isinstance(v, dict):
-            out[k] = {to_struct.get(n, n): t for n, t in v.items()}
-        elif k in to_struct:
-            out[k] = v
-        else:
-            out[_rename(k, to_struct, "_", _SEP)] = v
-    return out
+    return _remap(opt_state, _name_maps(model)[0], "_", _SEP)
 
 
 def optimizer_state_local(state: dict, model) -> dict:
     """Inverse of :func:`optimizer_state_portable` for the parameters of this process's model."""
-    _, to_var = _name_maps(model)
-    out = {}
-    for k, v in state.items():
-        if k == "master_weights" and isinstance(v, dict):
-            out[k] = {to_var.get(n, n): t for n, t in v.items()}
-        else:
-            out[_rename(k, to_var, _SEP, "_")] = v
-    return out
+    return _remap(state, _name_maps(model)[1], _SEP, "_")

@@ -27,10 +27,7 @@ def resolve_weights(path: str | Path) -> tuple[dict, str]:
         path = best if best.is_file() else path / ckpt.CKPT_DIR / ckpt.LAST
     if not path.is_file():
         raise ckpt.CheckpointError(f"checkpoint: nothing to evaluate at {path}")
-    try:
-        state = paddle.load(str(path))
-    except Exception as e:
-        raise ckpt.CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    state = ckpt.read(path)
     if isinstance(state, dict) and "model" in state and "step" in state:
         if state.get("ema"):
             return state["ema"]["shadow"], f"{path} (EMA weights, step {state['step']})"

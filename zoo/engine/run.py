@@ -22,8 +22,8 @@ import zoo
 from zoo.amp import current_device
 from zoo.engine import distributed as dist
 from zoo.engine.ema import ModelEMA
-from zoo.engine.runinfo import git_revision, write_json
-from zoo.engine.trainer import Trainer, TrainerSettings, run_facts
+from zoo.engine.runinfo import git_revision, peak_memory_mb, write_json
+from zoo.engine.trainer import Trainer, TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,9 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     if per_epoch == 0:
         raise ConfigError(f"model.batch_size: {cfg.model.batch_size} x {dist.world_size()} ranks exceeds "
                           f"the {len(train_set)} training samples of data={cfg.data.name}")
-    total = math.ceil(settings.epochs * per_epoch) if settings.epochs else settings.max_steps
+    if settings.epochs:  # the run's length, derived once; the trainer only counts steps
+        settings.max_steps = math.ceil(settings.epochs * per_epoch)
+    total = settings.max_steps
     optimizer, sched, lr = build_optimizer(cfg, model, per_epoch, total)
     model, optimizer = amp.setup(model, optimizer, device)
     ema = ModelEMA(model, cfg.trainer.ema_decay) if cfg.trainer.get("ema_decay") else None
@@ -131,6 +133,7 @@ def train(cfg: DictConfig, out_dir: str | Path) -> dict:
         print(amp.describe(info["device_info"]), flush=True)
     result = trainer.fit()
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
+    peak_mb, peak_kind = peak_memory_mb()
     primary = trainer.task.primary_metric
     summary = {
         "status": "completed", "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
@@ -147,7 +150,8 @@ def train(cfg: DictConfig, out_dir: str | Path) -> dict:
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
         "resumed_from": result["resumed_from"], "param_digests": digests,
-        "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir), **run_facts(),
+        "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
+        "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
     }
     if dist.is_main():
         write_json(out_dir / "summary.json", summary)

@@ -22,7 +22,6 @@ from zoo.engine import checkpoint as ckpt
 from zoo.engine import distributed as dist
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
-from zoo.engine.runinfo import peak_memory_mb
 from zoo.models import compare_state_dict
 
 log = logging.getLogger(__name__)
@@ -135,14 +134,12 @@ class Trainer:
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
                                     dist.world_size(), drop_last=True, start_step=self.step)
         self.steps_per_epoch = sampler.steps_per_epoch
-        if self.s.epochs is not None:
-            self.s.max_steps = int(math.ceil(float(self.s.epochs) * self.steps_per_epoch))
         loader = build_loader(self.train_set, sampler, self.s.num_workers)
         bar = tqdm(total=self.s.max_steps, initial=self.step, disable=not (self.main and self.s.progress),
                    desc="train", dynamic_ncols=True)
         self.amp.guard.attach(dist.unwrap(self.model))
         self.model.train()
-        window = {"loss_sum": 0.0, "steps": 0, "time": 0.0, "terms": {}}
+        window = {"steps": 0, "time": 0.0, "terms": {}}
         data_iter = iter(loader)
         while self.step < self.s.max_steps:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
@@ -220,7 +217,7 @@ class Trainer:
             bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
                             scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
                             ips=f"{rec['images_per_s']:.1f}")
-            window.update(loss_sum=0.0, steps=0, time=0.0, terms={})
+            window.update(steps=0, time=0.0, terms={})
         if self.s.eval_every and self.step % self.s.eval_every == 0:  # hook 3: eval
             self.evaluate()
         if self.step % self.s.ckpt_every == 0 and self.step < self.s.max_steps:  # hook 4: checkpoint
@@ -247,8 +244,3 @@ class Trainer:
             log.info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return metrics
 
-
-def run_facts() -> dict:
-    """Device-independent facts measured at the end of a run."""
-    mem, kind = peak_memory_mb()
-    return {"peak_memory_mb": round(mem, 1), "peak_memory_kind": kind}
