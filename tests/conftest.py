@@ -9,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
+# Official checkpoint layouts (*.keys): shared/spec beside the repository (CI lays a copy there).
+SPEC_DIR = Path(os.environ.get("AMPZOO_SPEC_DIR") or ROOT.parent / "shared" / "spec")
 sys.path.insert(0, str(ROOT / "tools"))
 import _entry  # noqa: E402,F401  (registers the run_stamp resolver)
 

@@ -6,8 +6,6 @@ checked through the counts and a sha256 fingerprint of the sorted lines.
 """
 
 import hashlib
-import os
-from pathlib import Path
 
 import numpy as np
 import paddle
@@ -15,7 +13,7 @@ import pytest
 
 from zoo.models import compare_state_dict, create_model, list_models
 
-SPEC_DIR = Path(os.environ.get("AMPZOO_SPEC_DIR", "/work/shared/spec"))
+from conftest import SPEC_DIR  # noqa: E402
 # model -> (spec file, entries, trainable parameters, sha256 of the sorted spec lines)
 SPECS = {
     "db_det": ("paddleocr_det_mv3_db.keys", 301, 1_844_136,

@@ -1,6 +1,7 @@
 """Model definitions and the registry that builds them by name."""
 
 from zoo.models import db  # noqa: F401
+from zoo.models import ppyoloe  # noqa: F401
 from zoo.models import resnet  # noqa: F401  (imported so its models register)
 from zoo.models.registry import (
     UnknownModelError,

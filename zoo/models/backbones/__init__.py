@@ -1,6 +1,7 @@
 """Feature-extracting backbones returning multi-scale maps (for detection necks)."""
 
+from zoo.models.backbones.cspresnet import CSPResNet
 from zoo.models.backbones.mobilenet_v3_det import DetMobileNetV3
 from zoo.models.backbones.resnet_vd_det import DetResNetVd
 
-__all__ = ["DetMobileNetV3", "DetResNetVd"]
+__all__ = ["CSPResNet", "DetMobileNetV3", "DetResNetVd"]

@@ -1,5 +1,6 @@
 """Task heads mapping fused features to predictions."""
 
 from zoo.models.heads.db_head import DBHead
+from zoo.models.heads.ppyoloe_head import PPYOLOEHead
 
-__all__ = ["DBHead"]
+__all__ = ["DBHead", "PPYOLOEHead"]

@@ -1,5 +1,6 @@
 """Necks: layers fusing a backbone's multi-scale maps for a dense head."""
 
+from zoo.models.necks.custom_pan import CustomCSPPAN
 from zoo.models.necks.db_fpn import DBFPN
 
-__all__ = ["DBFPN"]
+__all__ = ["CustomCSPPAN", "DBFPN"]
