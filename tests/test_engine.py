@@ -185,6 +185,23 @@ def test_schedule_warmup_and_piecewise():
         schedules.constant(0.1, total_steps=5, steps_per_epoch=5, warmup_steps=5)
 
 
+def test_cosine_warmup_epochs_and_horizon():
+    """PP-YOLOE's schedule: warm-up given in epochs, cosine period 1.2 x the run (360 of 300 epochs)."""
+    from zoo.engine import schedules
+
+    s = schedules.cosine(1.0, total_steps=100, steps_per_epoch=10, warmup_epochs=1, horizon=1.2)
+    lrs = []
+    for _ in range(100):
+        lrs.append(s.last_lr)
+        s.step()
+    assert lrs[0] == 0.0 and np.isclose(lrs[10], 1.0)
+    # after warm-up: 0.5 * (1 + cos(pi * t / T)) with T = 120 - 10 = 110 steps; the run ends at t = 89
+    assert np.isclose(lrs[99], 0.5 * (1 + np.cos(np.pi * 89 / 110)))
+    assert lrs[99] > 0.08  # stops above eta_min (0), as the 300/360-epoch schedule does
+    with pytest.raises(ValueError, match="horizon"):
+        schedules.cosine(1.0, total_steps=10, steps_per_epoch=5, horizon=0.5)
+
+
 def test_gradient_clipping_bounds_the_first_update(tiny_cfg, tmp_path):
     from zoo.engine.run import build_trainer
 

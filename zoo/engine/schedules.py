@@ -34,11 +34,22 @@ def constant(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_step
 
 
 def cosine(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_steps: int = 0,
-           warmup_start_factor: float = 0.0, eta_min: float = 0.0):
-    """Cosine decay from ``base_lr`` to ``eta_min`` over the steps after warm-up."""
+           warmup_start_factor: float = 0.0, eta_min: float = 0.0, warmup_epochs: float | None = None,
+           horizon: float = 1.0):
+    """Cosine decay from ``base_lr`` to ``eta_min`` over the steps after warm-up.
+
+    ``warmup_epochs`` (when set) replaces ``warmup_steps``. ``horizon`` stretches the cosine period to
+    ``horizon * total_steps``, so the run stops before the LR reaches ``eta_min``: PaddleDetection's
+    ppyoloe_crn_s_300e_coco trains 300 epochs on a CosineDecay of max_epochs 360 (horizon 1.2).
+    """
+    if warmup_epochs is not None:
+        warmup_steps = int(round(float(warmup_epochs) * steps_per_epoch))
+    if horizon < 1.0:
+        raise ValueError(f"sched.horizon: expected >= 1.0 (cosine period / run length), got {horizon}")
     _check(total_steps, warmup_steps)
-    return _warmup(lr.CosineAnnealingDecay(base_lr, T_max=max(total_steps - warmup_steps, 1),
-                                           eta_min=eta_min), base_lr, warmup_steps, warmup_start_factor)
+    period = int(round(horizon * total_steps)) - warmup_steps
+    return _warmup(lr.CosineAnnealingDecay(base_lr, T_max=max(period, 1), eta_min=eta_min),
+                   base_lr, warmup_steps, warmup_start_factor)
 
 
 def piecewise(base_lr: float, total_steps: int, steps_per_epoch: int,
