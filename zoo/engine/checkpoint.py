@@ -43,13 +43,19 @@ def atomic_save(obj, path: str | Path) -> Path:
 
 
 def read(path: str | Path):
-    """Whatever ``paddle.save`` wrote at ``path``, with errors naming the file."""
+    """Whatever ``paddle.save`` wrote at ``path``, with errors naming the file.
+
+    Read by :func:`zoo.weights.safe_load` (plain data only: a pickle that would run code is refused),
+    returning what ``paddle.load`` would.
+    """
+    from zoo.weights import safe_load
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        return paddle.load(str(path))
-    except Exception as e:  # paddle raises assorted types for corrupt pickles
+        return safe_load(path)
+    except Exception as e:  # refused globals, corrupt pickles, tensor conversion
         raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
 
 

@@ -1,15 +1,13 @@
 """A small timm-style model registry.
 
 Model constructors register themselves with :func:`register_model`; users build
-them by name with :func:`create_model`, optionally loading a local ``.pdparams``
-checkpoint. Downloading published weights by name or URL belongs to the weights
-registry (``zoo.weights``), not to this module.
+them by name with :func:`create_model`, optionally loading weights: a local file,
+or a URL or registry name that the weights registry (``zoo.weights``) downloads.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import io
 import logging
 import os
 import tarfile
@@ -89,55 +87,68 @@ def _format_report(report: dict, limit: int = 5) -> str:
     return "; ".join(parts)
 
 
-_WEIGHTS_REGISTRY_HINT = (
-    "pretrained={!r}: downloading pretrained weights by name or URL is handled by "
-    "the weights registry (zoo.weights, not yet available); for now pass a path "
-    "to a local .pdparams file"
-)
+def _resolve_checkpoint_path(pretrained):
+    """Turn ``pretrained`` (path, http(s) URL or weights name) into a local file and its registry entry.
 
-
-def _resolve_checkpoint_path(pretrained) -> str:
-    """Turn ``pretrained`` into an existing local file path, or raise.
-
-    Strings that look like a URL or a bare weight name are refused with a
-    pointer to the weights registry; anything path-like must exist.
+    URLs and names are downloaded into the cache by :func:`zoo.weights.resolve`.
     """
     if pretrained is True:
-        raise ValueError(_WEIGHTS_REGISTRY_HINT.format(pretrained))
+        raise ValueError("pretrained=True: name the weights (zoo.weights.list_weights()), or give a path or URL")
     if not isinstance(pretrained, (str, os.PathLike)):
-        raise TypeError(
-            f"pretrained must be None or a path to a local .pdparams file, "
-            f"got {type(pretrained).__name__}"
-        )
-    path = os.fspath(pretrained)
-    if os.path.isfile(path):
-        return path
-    looks_like_url = "://" in path
-    looks_like_path = path.endswith(".pdparams") or any(
-        sep in path for sep in (os.sep, os.altsep) if sep
-    )
-    if looks_like_url or not looks_like_path:
-        raise ValueError(_WEIGHTS_REGISTRY_HINT.format(pretrained))
-    raise FileNotFoundError(f"pretrained checkpoint not found: '{path}'")
+        raise TypeError(f"pretrained must be None, a path, a URL or a weights name, got {type(pretrained).__name__}")
+    from zoo.weights import resolve
+
+    path, spec = resolve(pretrained)
+    return str(path), spec
 
 
-def read_state(path: str) -> dict:
-    """State dict of a ``.pdparams`` file, or of the one inside a PaddleOCR ``*_train.tar``.
+def _check_tar_members(path: str, tar: tarfile.TarFile) -> None:
+    """Refuse archives whose member names or link targets would leave the archive's folder."""
+    for m in tar.getmembers():
+        names = [m.name] + ([m.linkname] if m.issym() or m.islnk() else [])
+        for name in names:
+            parts = name.replace("\\", "/").split("/")
+            if name.startswith(("/", "\\")) or ".." in parts or (parts and parts[0].endswith(":")):
+                raise ValueError(f"{path}: refusing tar member '{m.name}'"
+                                 + (f" -> '{name}'" if name != m.name else "")
+                                 + ": absolute or '..' paths are not allowed in weight archives")
 
-    A tar is read member by member in memory (nothing is extracted to disk, so member paths
-    cannot escape anywhere); ``best_accuracy.pdparams`` is preferred, else the only ``.pdparams``.
+
+def _read_tar_state(path: str, member: str | None) -> dict:
+    from zoo.weights import safe_load
+
+    with tarfile.open(path) as tar:
+        _check_tar_members(path, tar)
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".pdparams")]
+        if member is not None:
+            chosen = [m for m in members if m.name == member]
+            if not chosen:
+                raise ValueError(f"{path}: no member '{member}' inside; .pdparams members: {[m.name for m in members]}")
+        else:
+            chosen = [m for m in members if m.name.endswith("best_accuracy.pdparams")] or members
+        if len(chosen) != 1:
+            raise ValueError(f"{path}: expected one best_accuracy.pdparams (or a single .pdparams) "
+                             f"inside, found {[m.name for m in members]}")
+        return safe_load(tar.extractfile(chosen[0]).read(), name=f"{path}:{chosen[0].name}")
+
+
+def read_state(path: str, member: str | None = None) -> dict:
+    """State dict of a ``.pdparams`` / ``.safetensors`` file, or of the one inside a PaddleOCR ``*_train.tar``.
+
+    Pickles are read by :func:`zoo.weights.safe_load` (plain data only, never ``paddle.load``). A tar
+    is read member by member in memory (nothing is extracted), after refusing absolute or ``..``
+    member names; ``member`` picks the weights inside, else ``best_accuracy.pdparams`` or the only
+    ``.pdparams``. Safetensors values are NumPy arrays.
     """
-    if tarfile.is_tarfile(path):
-        with tarfile.open(path) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".pdparams")]
-            best = [m for m in members if m.name.endswith("best_accuracy.pdparams")]
-            chosen = best or members
-            if len(chosen) != 1:
-                raise ValueError(f"{path}: expected one best_accuracy.pdparams (or a single .pdparams) "
-                                 f"inside, found {[m.name for m in members]}")
-            state = paddle.load(io.BytesIO(tar.extractfile(chosen[0]).read()))
+    from zoo.weights import load_file, safe_load
+
+    path = os.fspath(path)
+    if path.endswith(".safetensors"):
+        state = load_file(path)
+    elif tarfile.is_tarfile(path):
+        state = _read_tar_state(path, member)
     else:
-        state = paddle.load(path)
+        state = safe_load(path)
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint '{path}' does not hold a state dict")
     return state
@@ -153,44 +164,84 @@ def _adapt_prefix(model_state: dict, ckpt_state: dict) -> tuple[dict, str | None
     return ckpt_state, None
 
 
-def load_checkpoint(model: paddle.nn.Layer, path: str) -> dict:
-    """Load a local ``.pdparams`` file (or PaddleOCR ``*_train.tar``) into ``model``; return the report.
+def _apply_adapter(ckpt_state: dict, adapter: dict) -> tuple[dict, str | None]:
+    """A registry ``key_adapter``: drop the listed keys, then add ``add_prefix`` to keys lacking it."""
+    drop = set(adapter.get("drop") or ())
+    state = {k: v for k, v in ckpt_state.items() if k not in drop}
+    prefix = adapter.get("add_prefix")
+    if prefix:
+        state = {k if k.startswith(prefix) else prefix + k: v for k, v in state.items()}
+    return state, prefix
 
-    A backbone-only checkpoint gets the ``backbone.`` prefix its keys lack. Shape-mismatched
-    entries are dropped before ``set_state_dict`` so those parameters keep their initial values
-    instead of depending on Paddle's own mismatch handling.
+
+def _cast_floats(model_state: dict, ckpt_state: dict) -> dict:
+    """Cast float entries whose dtype differs from the model's (fp16 files into fp32 models), as PaddleOCR does."""
+    out = dict(ckpt_state)
+    for k, v in ckpt_state.items():
+        target = model_state.get(k)
+        if target is None or not paddle.is_floating_point(target):
+            continue
+        want = str(target.dtype).split(".")[-1]
+        have = str(v.dtype).split(".")[-1]
+        if have != want and have.startswith(("float", "bfloat")):
+            out[k] = (v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v)).astype(target.dtype)
+    return out
+
+
+def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool = False, key_adapter: dict | None = None,
+                    member: str | None = None) -> dict:
+    """Load a local weights file (``.pdparams``, ``.safetensors``, PaddleOCR ``*_train.tar``) into ``model``.
+
+    Returns the report of :func:`compare_state_dict`. ``key_adapter`` (a registry entry's) renames
+    keys; without it a backbone-only checkpoint gets the ``backbone.`` prefix its keys lack.
+    ``strict=True`` raises ``ValueError`` listing missing, unexpected and shape-mismatched keys
+    instead of loading. Otherwise shape-mismatched entries are dropped before ``set_state_dict``, so
+    those parameters keep their initial values.
     """
-    ckpt_state, prefix = _adapt_prefix(model.state_dict(), read_state(path))
+    model_state = model.state_dict()
+    ckpt_state = read_state(path, member)
+    if key_adapter:
+        ckpt_state, prefix = _apply_adapter(ckpt_state, key_adapter)
+    else:
+        ckpt_state, prefix = _adapt_prefix(model_state, ckpt_state)
     if prefix:
         logger.info("'%s' holds a backbone only: loading its keys under '%s'", path, prefix)
-    report = compare_state_dict(model.state_dict(), ckpt_state)
+    report = compare_state_dict(model_state, ckpt_state)
+    clean = not (report["missing"] or report["unexpected"] or report["shape_mismatch"])
+    if strict and not clean:
+        raise ValueError(f"strict loading of '{path}' into {type(model).__name__} failed: "
+                         f"{_format_report(report, limit=20)}")
     bad = set(report["shape_mismatch"]) | set(report["unexpected"])
     with warnings.catch_warnings():
         # Paddle warns per skipped key; the report below already says it once.
         warnings.filterwarnings("ignore", message="Skip loading for")
-        model.set_state_dict({k: v for k, v in ckpt_state.items() if k not in bad})
-    clean = not (report["missing"] or report["unexpected"] or report["shape_mismatch"])
+        model.set_state_dict(_cast_floats(model_state, {k: v for k, v in ckpt_state.items() if k not in bad}))
     level = logging.INFO if clean else logging.WARNING
     logger.log(level, "loaded '%s': %s", path, _format_report(report))
     return report
 
 
-def create_model(name: str, pretrained=None, **overrides) -> paddle.nn.Layer:
+def create_model(name: str, pretrained=None, strict: bool = False, **overrides) -> paddle.nn.Layer:
     """Build the registered model ``name`` with ``overrides`` as constructor kwargs.
 
-    ``pretrained`` is ``None`` (or ``False``) for random initialisation, or the
-    path of a local ``.pdparams`` file to load. Unknown names raise
-    :class:`UnknownModelError`; a missing file raises ``FileNotFoundError``.
+    ``pretrained`` is ``None`` (or ``False``) for random initialisation, a local weights file, an
+    http(s) URL or a name from ``zoo.weights.list_weights()`` (downloaded into the cache and
+    verified). ``strict=True`` fails with a ``ValueError`` listing missing, unexpected and
+    shape-mismatched keys. Unknown names raise :class:`UnknownModelError`; a missing file raises
+    ``FileNotFoundError``.
     """
     if name not in _MODEL_REGISTRY:
         raise UnknownModelError(
             f"unknown model '{name}'; known: {', '.join(list_models())}"
         )
-    # Validate the checkpoint argument before paying for model construction.
-    path = None
+    # Validate (and fetch) the checkpoint before paying for model construction.
+    path = spec = None
     if pretrained is not None and pretrained is not False:
-        path = _resolve_checkpoint_path(pretrained)
+        path, spec = _resolve_checkpoint_path(pretrained)
+        if spec is not None and spec.model != name:
+            logger.warning("pretrained=%s is made for model '%s', loading it into '%s'", spec.name, spec.model, name)
     model = _MODEL_REGISTRY[name](**overrides)
     if path is not None:
-        load_checkpoint(model, path)
+        load_checkpoint(model, path, strict=strict, key_adapter=spec.key_adapter if spec else None,
+                        member=spec.member if spec else None)
     return model

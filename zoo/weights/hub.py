@@ -1,0 +1,388 @@
+"""Official pretrained weights: the registry, resumable verified downloads and the local cache.
+
+Files live in ``<ampzoo cache>/weights/<host>/<url path>`` (``$AMPZOO_HOME/weights`` or
+``~/.cache/ampzoo/weights``, see ``zoo/data/cache.py``), keyed by the official URL whichever
+mirror served them. A download goes to ``<file>.part``, resumes it with an HTTP Range request,
+retries transient failures with bounded exponential backoff, checks Content-Length and sha256, and
+is renamed into place only when complete and verified. Without a published sha256 the first
+download records one in ``weights/checksums.json`` and later downloads must match it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import http.client
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from zoo.data.cache import cache_dir
+
+log = logging.getLogger(__name__)
+
+REGISTRY_FILE = Path(__file__).with_name("registry.yaml")
+MIRROR_ENV = "AMPZOO_WEIGHTS_MIRROR"
+CHECKSUMS = "checksums.json"
+DEFAULT_RETRIES, DEFAULT_BACKOFF, DEFAULT_TIMEOUT = 3, 1.0, 60.0
+_FORMATS = ("pdparams", "tar", "safetensors")
+_CHUNK = 1 << 16
+
+
+class WeightsError(ValueError):
+    """Base of weight lookup/download errors (a ValueError: entry points report it as an input error)."""
+
+
+class UnknownWeightsError(WeightsError):
+    """Not a file, not a URL and not a registry name."""
+
+
+class DownloadError(WeightsError):
+    """The download failed (HTTP status, network, truncated, no space); the message names the URL."""
+
+
+class ChecksumError(WeightsError):
+    """A file's sha256 differs from the published or recorded one; the message gives both."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """One registry entry (fields as in ``registry.yaml``)."""
+
+    name: str
+    url: str
+    format: str
+    model: str
+    source: str = ""
+    member: str | None = None
+    key_adapter: dict | None = None
+    sha256: str | None = None
+
+
+def _check_spec(path: Path, name: str, entry) -> WeightSpec:
+    where = f"{path}: entry '{name}'"
+    if not isinstance(entry, dict):
+        raise WeightsError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    fields = {f.name for f in dataclasses.fields(WeightSpec)} - {"name"}
+    unknown = set(entry) - fields
+    missing = {"url", "format", "model"} - set(entry)
+    if unknown or missing:
+        raise WeightsError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    spec = WeightSpec(name=name, **entry)
+    if urllib.parse.urlsplit(spec.url).scheme not in ("http", "https"):
+        raise WeightsError(f"{where}: url must be http(s), got {spec.url!r}")
+    if spec.format not in _FORMATS or (spec.format == "tar") != bool(spec.member):
+        raise WeightsError(f"{where}: format must be one of {_FORMATS} and 'member' is needed exactly "
+                           f"for tar, got format={spec.format!r} member={spec.member!r}")
+    if spec.sha256 is not None and not (len(spec.sha256) == 64 and set(spec.sha256) <= set("0123456789abcdef")):
+        raise WeightsError(f"{where}: sha256 must be null or 64 lowercase hex digits, got {spec.sha256!r}")
+    adapter = spec.key_adapter or {}
+    if not isinstance(adapter, dict) or set(adapter) - {"add_prefix", "drop"}:
+        raise WeightsError(f"{where}: key_adapter must be null or a mapping of add_prefix/drop, got {adapter!r}")
+    return spec
+
+
+def load_registry(path: str | Path = REGISTRY_FILE) -> dict[str, WeightSpec]:
+    """Parse and validate a registry YAML file."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: expected a mapping of weight names, got {type(data).__name__}")
+    return {str(name): _check_spec(path, str(name), entry) for name, entry in data.items()}
+
+
+_REGISTRY: dict[str, WeightSpec] | None = None
+
+
+def registry() -> dict[str, WeightSpec]:
+    """The package's registry (loaded once; tests may patch entries of the returned dict)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = load_registry()
+    return _REGISTRY
+
+
+def list_weights() -> list[str]:
+    return sorted(registry())
+
+
+def get_spec(name: str) -> WeightSpec:
+    """The registry entry ``name``; :class:`UnknownWeightsError` lists the known names otherwise."""
+    try:
+        return registry()[name]
+    except KeyError:
+        raise UnknownWeightsError(f"unknown weights name '{name}'; known: {', '.join(list_weights())}") from None
+
+
+def weights_dir() -> Path:
+    return cache_dir("weights")
+
+
+def cache_path(url: str) -> Path:
+    """Where the file of (official) ``url`` is cached: ``weights/<host>/<path>``."""
+    parts = urllib.parse.urlsplit(url)
+    segments = [s for s in urllib.parse.unquote(parts.path).split("/") if s]
+    if not parts.hostname or not segments:
+        raise WeightsError(f"cannot derive a file name from URL {url!r}")
+    host = parts.netloc.rsplit("@", 1)[-1].replace(":", "_")
+    try:
+        return cache_dir("weights", host, *segments)
+    except ValueError as e:
+        raise WeightsError(f"URL {url!r} has an unsafe path: {e}") from e
+
+
+def mirror_url(url: str) -> str:
+    """``url`` with scheme and host replaced by ``$AMPZOO_WEIGHTS_MIRROR`` (path kept), if set."""
+    mirror = os.environ.get(MIRROR_ENV, "").strip()
+    if not mirror:
+        return url
+    base = urllib.parse.urlsplit(mirror)
+    if base.scheme not in ("http", "https") or not base.netloc:
+        raise WeightsError(f"{MIRROR_ENV}={mirror!r}: expected a base URL like https://mirror.example.com[/prefix]")
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((base.scheme, base.netloc, base.path.rstrip("/") + parts.path, parts.query, ""))
+
+
+def _official_hosts() -> set[str]:
+    return {urllib.parse.urlsplit(s.url).netloc for s in registry().values()}
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_checksums() -> dict:
+    """``{official url: {"sha256", "size", "file"}}`` recorded by first downloads."""
+    path = weights_dir() / CHECKSUMS
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{path}: unreadable checksum record ({e}); fix or delete it") from e
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: expected a JSON object of URLs, got {type(data).__name__}")
+    return data
+
+
+def _record_checksum(url: str, digest: str, file: Path) -> None:
+    records = read_checksums()
+    records[url] = {"sha256": digest, "size": file.stat().st_size, "file": str(file.relative_to(weights_dir()))}
+    path = weights_dir() / CHECKSUMS
+    tmp = path.with_name(f".{CHECKSUMS}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    log.info("recorded sha256 %s for %s", digest, url)
+
+
+@contextlib.contextmanager
+def _cache_lock():
+    """Serialise downloads into the cache across processes (ranks of one job share it)."""
+    folder = weights_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class _Retry(Exception):
+    """A transient failure: try again (resuming the .part file)."""
+
+
+def _open(url: str, have: int, timeout: float):
+    request = urllib.request.Request(url, headers={"User-Agent": "ampzoo", "Accept-Encoding": "identity"})
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        e.close()
+        message = f"HTTP {e.code} {e.reason} for {url}"
+        if e.code in (408, 429) or e.code >= 500 or (e.code == 416 and have):
+            raise _Retry(message) from None
+        raise DownloadError(message) from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, socket.gaierror) and reason.errno == socket.EAI_NONAME:
+            raise DownloadError(f"cannot resolve the host of {url} ({reason.strerror}); to download through "
+                                f"a mirror set {MIRROR_ENV}=https://your.mirror") from None
+        raise _Retry(f"cannot connect to {url}: {reason}") from None
+
+
+def _fetch_once(url: str, part: Path, timeout: float, progress: bool | None) -> None:
+    """One HTTP request writing or appending to ``part``; raises :class:`_Retry` on transient failures."""
+    from tqdm import tqdm
+
+    have = part.stat().st_size if part.exists() else 0
+    with _open(url, have, timeout) as response:
+        start = 0
+        if response.status == 206:
+            content_range = response.headers.get("Content-Range", "")
+            if not content_range.startswith(f"bytes {have}-"):
+                part.unlink()
+                raise _Retry(f"{url}: server answered Range bytes={have}- with Content-Range {content_range!r}")
+            start = have
+        length = response.headers.get("Content-Length")
+        total = start + int(length) if length and length.isdigit() else None
+        free = shutil.disk_usage(part.parent).free
+        if total is not None and total - start > free:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"no space left for {url}: needs {total - start} bytes in {part.parent}, "
+                                f"{free} free")
+        received = start
+        with open(part, "ab" if start else "wb") as f, tqdm(
+                total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                desc=part.name[:-len(".part")], disable=None if progress is None else not progress) as bar:
+            while True:
+                try:
+                    chunk = response.read(_CHUNK)
+                except (http.client.HTTPException, OSError) as e:  # reset, timeout, IncompleteRead
+                    raise _Retry(f"connection to {url} lost after {received} bytes: {e}") from None
+                if not chunk:
+                    break
+                try:
+                    f.write(chunk)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    f.close()
+                    part.unlink(missing_ok=True)
+                    raise DownloadError(f"no space left on device writing {part} (downloading {url})") from None
+                received += len(chunk)
+                bar.update(len(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+    size = part.stat().st_size
+    if total is not None and size != total:
+        raise _Retry(f"truncated download of {url}: got {size} of {total} bytes (Content-Length)")
+
+
+def _fetch(url: str, part: Path, retries: int, backoff: float, timeout: float, progress) -> None:
+    """:func:`_fetch_once` with at most ``retries`` retries, sleeping ``backoff * 2**i`` (<= 60 s)."""
+    part.parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    for attempt in range(retries + 1):
+        if attempt:
+            log.warning("download of %s: %s; retry %d/%d", url, last, attempt, retries)
+            time.sleep(min(backoff * 2 ** (attempt - 1), 60.0))
+        try:
+            return _fetch_once(url, part, timeout, progress)
+        except _Retry as e:
+            last = e
+        except DownloadError:
+            part.unlink(missing_ok=True)
+            raise
+    kept = f"; {part} is kept and the next download resumes it" if part.exists() else ""
+    raise DownloadError(f"download failed after {retries + 1} attempts: {last}{kept}")
+
+
+def _prune_empty_dirs(path: Path) -> None:
+    root = weights_dir()
+    for folder in path.parents:
+        if folder == root or root not in folder.parents:
+            break
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _expected_sha(url: str, sha256: str | None) -> str | None:
+    return sha256 or (read_checksums().get(url) or {}).get("sha256")
+
+
+def _verify_cached(url: str, dest: Path, sha256: str | None) -> Path:
+    expected, actual = _expected_sha(url, sha256), sha256_file(dest)
+    if expected is None:
+        _record_checksum(url, actual, dest)
+    elif actual != expected:
+        raise ChecksumError(f"cached {dest} does not match {url}: expected sha256 {expected}, actual {actual}; "
+                            f"delete it (or run tools/download.py --force) to download it again")
+    return dest
+
+
+def download(url: str, sha256: str | None = None, *, retries: int = DEFAULT_RETRIES,
+             backoff: float = DEFAULT_BACKOFF, timeout: float = DEFAULT_TIMEOUT, progress: bool | None = None,
+             force: bool = False) -> Path:
+    """Download ``url`` into the cache (or reuse the cached, verified copy) and return its path.
+
+    ``sha256`` (else the recorded one) must match; with neither, the file's sha256 is recorded.
+    URLs on the registry's hosts go through ``$AMPZOO_WEIGHTS_MIRROR`` when it is set.
+    """
+    dest = cache_path(url)
+    source = mirror_url(url) if urllib.parse.urlsplit(url).netloc in _official_hosts() else url
+    with _cache_lock():
+        if force:
+            dest.unlink(missing_ok=True)
+        if dest.is_file():
+            return _verify_cached(url, dest, sha256)
+        part = dest.with_name(dest.name + ".part")
+        expected = _expected_sha(url, sha256)
+        resumed = part.is_file() and part.stat().st_size > 0
+        try:
+            _fetch(source, part, retries, backoff, timeout, progress)
+            actual = sha256_file(part)
+            if expected and actual != expected and resumed:
+                log.warning("%s: checksum mismatch after resuming %s; downloading it again from the start", url, part)
+                part.unlink()
+                _fetch(source, part, retries, backoff, timeout, progress)
+                actual = sha256_file(part)
+            if expected and actual != expected:
+                part.unlink()
+                raise ChecksumError(f"checksum mismatch for {url} (downloaded from {source}): expected sha256 "
+                                    f"{expected}, actual {actual}; the download was deleted")
+        except WeightsError:
+            if not part.exists():
+                _prune_empty_dirs(part)
+            raise
+        os.replace(part, dest)
+        if expected is None:
+            _record_checksum(url, actual, dest)
+    log.info("downloaded %s to %s", source, dest)
+    return dest
+
+
+_FILE_SUFFIXES = (".pdparams", ".pdckpt", ".tar", ".safetensors")
+
+
+def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
+    """A local path for ``pretrained`` (a file path, an http(s) URL or a registry name) and its spec.
+
+    URLs and names are downloaded into the cache first (``download_options`` go to :func:`download`).
+    """
+    text = os.fspath(pretrained)
+    if os.path.isfile(text):
+        return Path(text), None
+    scheme = urllib.parse.urlsplit(text).scheme if "://" in text else ""
+    if scheme in ("http", "https"):
+        return download(text, **download_options), None
+    if scheme:
+        raise WeightsError(f"pretrained={text!r}: only http(s) URLs can be downloaded")
+    if text in registry():
+        spec = registry()[text]
+        return download(spec.url, spec.sha256, **download_options), spec
+    if text.endswith(_FILE_SUFFIXES) or any(sep in text for sep in (os.sep, os.altsep) if sep):
+        raise FileNotFoundError(f"pretrained weights file not found: '{text}'")
+    raise UnknownWeightsError(f"pretrained={text!r} is not a file, an http(s) URL or a known weights name; "
+                              f"known: {', '.join(list_weights())}")
