@@ -2,15 +2,21 @@
 
 from .cache import cache_dir
 from .classification import ClassificationData, ClassificationDataset
+from .coco import COCODetData, COCODetDataset, load_coco_instances
 from .sampler import EvalBatchSampler, TrainBatchSampler, build_loader
+from .synthetic_detection import SyntheticShapesDetData
 from .synthetic_shapes import SyntheticShapesData
 
 __all__ = [
     "ClassificationData",
     "ClassificationDataset",
+    "COCODetData",
+    "COCODetDataset",
     "EvalBatchSampler",
     "SyntheticShapesData",
+    "SyntheticShapesDetData",
     "TrainBatchSampler",
     "build_loader",
     "cache_dir",
+    "load_coco_instances",
 ]

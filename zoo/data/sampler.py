@@ -146,8 +146,9 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0):
     """Wrap ``dataset`` and one of the samplers above in a ``paddle.io.DataLoader``.
 
     Batches are dicts of stacked tensors (paddle's default collate), e.g.
-    ``{"image": [B,3,H,W] float32, "label": [B] int64}``.  Works with the
-    infinite :class:`TrainBatchSampler` for any ``num_workers``.
+    ``{"image": [B,3,H,W] float32, "label": [B] int64}``; a dataset with a
+    ``collate_fn`` attribute batches its own items (e.g. multi-scale resizing).
+    Works with the infinite :class:`TrainBatchSampler` for any ``num_workers``.
     """
     import paddle  # local import: the samplers themselves do not need paddle
 
@@ -156,4 +157,5 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0):
         batch_sampler=batch_sampler,
         num_workers=int(num_workers),
         return_list=True,
+        collate_fn=getattr(dataset, "collate_fn", None),
     )

@@ -1,4 +1,5 @@
 """Evaluation metrics, written as summable statistics where possible."""
 from zoo.metrics.classification import accuracy_from_counts, topk_correct
+from zoo.metrics.coco_eval import COCOMetric
 
-__all__ = ["accuracy_from_counts", "topk_correct"]
+__all__ = ["COCOMetric", "accuracy_from_counts", "topk_correct"]
