@@ -1,0 +1,307 @@
+"""Export to Paddle's inference format with the ``inference.yml`` PaddleOCR/PaddleX predictors read.
+
+Paddle >= 3 ``paddle.jit.save`` writes ``inference.json`` (PIR program) + ``inference.pdiparams``.
+A PaddleX predictor (``paddleocr.TextDetection(model_name=..., model_dir=...)``) also needs
+``inference.yml``: ``Global.model_name`` (must equal the ``model_name`` the client passes, and be a
+name PaddleX knows), ``PreProcess.transform_ops`` and ``PostProcess`` (layout as PaddleOCR's
+``ppocr/utils/export_model.py`` ``dump_infer_config``; PaddleClas's ``ppcls/utils/config.py``).
+
+Exports are FP32: AMP is a training concern, and O2 runs already save fp32 weights.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import paddle
+import yaml
+from paddle import nn
+
+__all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "ClassifierProbs", "DBProbabilityMap",
+           "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
+           "export_from_config", "export_onnx", "paddlex_cls_name"]
+
+# paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
+# detector may be served under. The name picks client defaults only (PP-OCRv3/v4/v5 *_det:
+# DetResizeForTest limit_type "max", 960; the seal models: "min", 736); the network is ours.
+DET_MODEL_NAMES = ("PP-OCRv3_mobile_det", "PP-OCRv3_server_det", "PP-OCRv4_mobile_det", "PP-OCRv4_server_det",
+                   "PP-OCRv4_mobile_seal_det", "PP-OCRv4_server_seal_det", "PP-OCRv5_mobile_det",
+                   "PP-OCRv5_server_det")
+DEFAULT_DET_MODEL_NAME = "PP-OCRv4_mobile_det"
+INFERENCE_PREFIX = "inference"
+ARTEFACTS = tuple(f"{INFERENCE_PREFIX}{ext}" for ext in (".json", ".pdmodel", ".pdiparams", ".pdiparams.info",
+                                                         ".yml", ".onnx")) + ("export.json",)
+YML_HEADER = ("# Written by ampzoo (tools/export.py). Weights are FP32: AMP is a training concern.\n"
+              "# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
+              "# predictor (TextDetection(limit_side_len=..., limit_type=...)).\n")
+
+
+class ExportError(ValueError):
+    """An export setting or input cannot be used; the message names the key."""
+
+
+class DBProbabilityMap(nn.Layer):
+    """A DB net in eval mode returning the bare ``[N, 1, H, W]`` shrink map (PaddleX reads output 0)."""
+
+    def __init__(self, net: nn.Layer):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        out = self.net(x)
+        return out["maps"] if isinstance(out, Mapping) else out
+
+
+class ClassifierProbs(nn.Layer):
+    """Logits -> softmax probabilities, as PaddleClas's ExportModel (``infer_add_softmax`` default)."""
+
+    def __init__(self, net: nn.Layer):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return nn.functional.softmax(self.net(x), axis=-1)
+
+
+def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str,
+                     max_side_limit: int = 4000) -> tuple[int, int]:
+    """Network input (H, W) of DetResizeForTest's limit-side resize (PaddleX 3.7.2
+    ``inference/models/text_detection/processors.py`` ``resize_image_type0``): scale so the max
+    (``"max"``, only shrinking) / min (``"min"``, only growing) side meets the limit, or the long side
+    equals it (``"resize_long"``); cap at ``max_side_limit``; round each side to a multiple of 32."""
+    if limit_type == "max":
+        ratio = limit_side_len / max(h, w) if max(h, w) > limit_side_len else 1.0
+    elif limit_type == "min":
+        ratio = limit_side_len / min(h, w) if min(h, w) < limit_side_len else 1.0
+    elif limit_type == "resize_long":
+        ratio = limit_side_len / max(h, w)
+    else:
+        raise ExportError(f"limit_type: expected 'max', 'min' or 'resize_long', got {limit_type!r}")
+    rh, rw = int(h * ratio), int(w * ratio)
+    if max(rh, rw) > max_side_limit:
+        cap = max_side_limit / max(rh, rw)
+        rh, rw = int(rh * cap), int(rw * cap)
+    return max(int(round(rh / 32) * 32), 32), max(int(round(rw / 32) * 32), 32)
+
+
+def _floats(values, key: str, n: int = 3) -> list[float]:
+    values = [float(v) for v in values]
+    if len(values) != n:
+        raise ExportError(f"{key}: expected {n} numbers, got {values}")
+    return values
+
+
+def _normalize_op(mean, std, order: str) -> dict:
+    return {"NormalizeImage": {"scale": 1.0 / 255.0, "mean": _floats(mean, "mean"), "std": _floats(std, "std"),
+                               "order": order}}
+
+
+def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_NAME,
+                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), img_mode: str = "BGR",
+                     limit_side_len: int = 960, limit_type: str = "max") -> dict:
+    """inference.yml content for a DB detector: decode, DetResizeForTest, normalise, CHW; DBPostProcess.
+
+    ``postprocess`` holds ``model.task.postprocess`` (thresh, box_thresh, max_candidates, unclip_ratio,
+    use_dilation, score_mode, box_type); all are written, since PaddleX defaults a missing
+    unclip_ratio to 2.0 and box_thresh to 0.6.
+    """
+    if model_name not in DET_MODEL_NAMES:
+        raise ExportError(f"export.model_name: {model_name!r} is not a PaddleX text-detection name; "
+                          f"known: {', '.join(DET_MODEL_NAMES)}")
+    if img_mode not in ("BGR", "RGB"):
+        raise ExportError(f"data.builder.channel_order: expected BGR or RGB, got {img_mode!r}")
+    from zoo.postprocess import DBPostProcess
+
+    post = {"thresh": 0.3, "box_thresh": 0.6, "max_candidates": 1000, "unclip_ratio": 1.5,
+            "use_dilation": False, "score_mode": "fast", "box_type": "quad"}
+    unknown = sorted(set(postprocess) - set(post))
+    if unknown:
+        raise ExportError(f"model.task.postprocess: unknown keys {unknown}; known: {sorted(post)}")
+    post.update({str(k): v for k, v in postprocess.items()})
+    DBPostProcess(**post)  # same validation as our own post-processing
+    post = {"thresh": float(post["thresh"]), "box_thresh": float(post["box_thresh"]),
+            "max_candidates": int(post["max_candidates"]), "unclip_ratio": float(post["unclip_ratio"]),
+            "use_dilation": bool(post["use_dilation"]), "score_mode": str(post["score_mode"]),
+            "box_type": str(post["box_type"])}
+    det_resize_shape(64, 64, int(limit_side_len), str(limit_type))  # validates limit_type
+    ops = [{"DecodeImage": {"img_mode": img_mode, "channel_first": False}},
+           {"DetResizeForTest": {"limit_side_len": int(limit_side_len), "limit_type": str(limit_type)}},
+           _normalize_op(mean, std, "hwc"),
+           {"ToCHWImage": None}]
+    return {"Global": {"model_name": model_name}, "PreProcess": {"transform_ops": ops},
+            "PostProcess": {"name": "DBPostProcess", **post}}
+
+
+def paddlex_cls_name(model_name: str) -> str | None:
+    """PaddleX/PaddleClas name of one of our ResNets (``resnet50_vd`` -> ``ResNet50_vd``), else None."""
+    m = re.fullmatch(r"resnet(\d+)(_vd)?", model_name)
+    return f"ResNet{m.group(1)}{m.group(2) or ''}" if m else None
+
+
+def cls_inference_yml(model_name: str, image_size: int, resize_size: int | None = None,
+                      mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), topk: int = 5,
+                      num_classes: int | None = None) -> dict:
+    """PaddleClas-style inference.yml: resize short side, centre crop, normalise (RGB), CHW; Topk."""
+    resize_size = int(resize_size or image_size)
+    if int(image_size) <= 0 or resize_size < int(image_size):
+        raise ExportError(f"data.builder: need 0 < image_size <= resize_size, got {image_size}, {resize_size}")
+    normalize = _normalize_op(mean, std, "")
+    normalize["NormalizeImage"]["channel_num"] = 3
+    ops = [{"ResizeImage": {"resize_short": resize_size}}, {"CropImage": {"size": int(image_size)}},
+           normalize, {"ToCHWImage": None}]
+    topk = min(int(topk), int(num_classes)) if num_classes else int(topk)
+    return {"Global": {"model_name": model_name}, "PreProcess": {"transform_ops": ops},
+            "PostProcess": {"Topk": {"topk": topk}}}
+
+
+def _check_shape(input_shape: Sequence) -> list[int]:
+    try:
+        shape = [int(d) for d in input_shape]
+    except (TypeError, ValueError):
+        raise ExportError(f"export.input_shape: expected a list of ints like [-1, 3, -1, -1], "
+                          f"got {input_shape!r}") from None
+    if len(shape) != 4 or shape[1] <= 0 or any(d == 0 or d < -1 for d in shape):
+        raise ExportError(f"export.input_shape: expected [N, C, H, W] with C > 0 and -1 for a free size, "
+                          f"got {shape}")
+    return shape
+
+
+def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml: Mapping | None = None,
+                     output: str = "maps") -> list[Path]:
+    """Save ``model`` (eval mode, FP32) as ``out_dir/inference.{json,pdiparams}`` plus ``inference.yml``.
+
+    ``output``: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier + softmax) or ``"raw"``.
+    Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first. The model's training
+    flag is restored afterwards. Returns the written files.
+    """
+    wrappers = {"maps": DBProbabilityMap, "probs": ClassifierProbs, "raw": lambda net: net}
+    if output not in wrappers:
+        raise ExportError(f"output: expected one of {sorted(wrappers)}, got {output!r}")
+    shape = _check_shape(input_shape)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ARTEFACTS:  # a stale file of an earlier export must not sit beside this one
+        (out_dir / name).unlink(missing_ok=True)
+    if any(p.is_floating_point() and p.dtype != paddle.float32 for p in model.parameters()):
+        model.to(dtype="float32")  # a decorated O2 model: cast in place, export FP32
+    was_training = model.training
+    model.eval()
+    try:
+        spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
+        paddle.jit.save(wrappers[output](model), str(out_dir / INFERENCE_PREFIX), input_spec=[spec])
+    finally:
+        if was_training:
+            model.train()
+    written = [out_dir / name for name in ARTEFACTS[:4] if (out_dir / name).is_file()]
+    if infer_yml is not None:
+        path = out_dir / "inference.yml"
+        path.write_text(YML_HEADER + yaml.safe_dump(dict(infer_yml), sort_keys=False), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def export_onnx(out_dir, opset: int = 11, required: bool = False) -> tuple[Path | None, str]:
+    """Convert ``out_dir/inference.*`` to ``out_dir/inference.onnx`` with paddle2onnx, if installed.
+
+    Returns ``(path or None, message)``. Without paddle2onnx, or when the conversion fails,
+    ``required`` raises; otherwise the message says why there is no ONNX file. paddle2onnx runs in
+    a child process because it calls ``sys.exit`` on a failed conversion.
+    """
+    try:
+        import paddle2onnx
+    except ImportError:
+        msg = "ONNX skipped: paddle2onnx is not installed (pip install paddle2onnx)"
+        if required:
+            raise ExportError(f"export.onnx=true: {msg}") from None
+        return None, msg
+    out_dir = Path(out_dir)
+    model_file = next((out_dir / f"{INFERENCE_PREFIX}{ext}" for ext in (".json", ".pdmodel")
+                       if (out_dir / f"{INFERENCE_PREFIX}{ext}").is_file()), None)
+    if model_file is None:
+        raise ExportError(f"{out_dir}: no inference.json / inference.pdmodel to convert")
+    target = out_dir / f"{INFERENCE_PREFIX}.onnx"
+    version = getattr(paddle2onnx, "__version__", "?")
+    code = ("import sys, paddle2onnx; "
+            "paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.argv[4]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(model_file), str(out_dir / f"{INFERENCE_PREFIX}.pdiparams"),
+                           str(target), str(int(opset))], capture_output=True, text=True)
+    if proc.returncode == 0 and target.is_file():
+        return target, f"ONNX written: {target} (paddle2onnx {version}, opset {opset})"
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    reason = next((ln for ln in lines if "ERROR" in ln or "Error" in ln), lines[-1] if lines else "no output")
+    msg = f"ONNX conversion failed (paddle2onnx {version}, exit {proc.returncode}): {reason}"
+    if required:
+        raise ExportError(f"export.onnx=true: {msg}")
+    return None, msg + "; the Paddle inference files are complete"
+
+
+def _onnx_mode(value) -> str:
+    mode = str(value).lower()  # YAML true/false arrive as bools; str(True).lower() == "true"
+    if mode not in ("auto", "true", "false"):
+        raise ExportError(f"export.onnx: expected auto, true or false, got {value!r}")
+    return mode
+
+
+def export_from_config(cfg, out_dir) -> dict:
+    """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, export; returns the export record.
+
+    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
+    model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
+    input_shape, onnx (auto|true|false), opset, model_name, limit_side_len, limit_type.
+    """
+    import zoo
+    from zoo.engine.checkpoint import CheckpointError
+    from zoo.engine.evaluate_run import resolve_weights
+    from zoo.engine.run import build, seed_everything
+    from zoo.engine.runinfo import git_revision, write_json
+
+    ex = cfg.export
+    onnx_mode = _onnx_mode(ex.onnx)
+    if cfg.model.net.get("name") not in zoo.list_models():
+        raise ExportError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
+                          f"known: {', '.join(zoo.list_models())}")
+    seed_everything(cfg.seed)
+    model = build(cfg.model.net, "model.net")
+    source = "model initialisation" + (f" (pretrained={cfg.model.net.pretrained})"
+                                       if cfg.model.net.get("pretrained") else " (random)")
+    if cfg.get("weights"):
+        if not Path(str(cfg.weights)).exists():
+            raise ExportError(f"weights: {cfg.weights} does not exist (a run folder, .pdckpt or .pdparams)")
+        weights, source = resolve_weights(cfg.weights)
+        missing, unexpected = model.set_state_dict(weights)
+        if missing or unexpected:
+            raise CheckpointError(f"{source} does not fit model {cfg.model.name}: missing "
+                                  f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+    task = cfg.model.task
+    target = str(task.get("_target_", ""))
+    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
+    if target.endswith("DBTask"):
+        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
+        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
+                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
+        shape, output = ex.input_shape or [-1, 3, -1, -1], "maps"
+    elif target.endswith("ClassificationTask"):
+        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
+        if not model_name:
+            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
+                              f"pass one, e.g. export.model_name=ResNet18")
+        size = int(cfg.data.builder.image_size)
+        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
+                                num_classes=cfg.data.get("num_classes"))
+        shape, output = ex.input_shape or [-1, 3, size, size], "probs"
+    else:
+        raise ExportError(f"model.task._target_: no export recipe for {target!r} "
+                          f"(known: zoo.tasks.DBTask, zoo.tasks.ClassificationTask)")
+    out_dir = Path(out_dir)
+    files = export_inference(model, out_dir, list(shape), yml, output)
+    onnx_path, onnx_msg = (None, "ONNX not requested (export.onnx=false)") if onnx_mode == "false" else \
+        export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true")
+    record = {"model": str(cfg.model.name), "paddlex_model_name": model_name, "weights": source,
+              "input_shape": [int(d) for d in shape], "output": output, "precision": "fp32",
+              "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,
+              "paddle_version": paddle.__version__, "git_revision": git_revision()}
+    write_json(out_dir / "export.json", record)
+    return record
