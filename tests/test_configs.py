@@ -43,6 +43,9 @@ def test_every_model_config_instantiates(model):
     task = instantiate(cfg.model.task)
     if model.startswith("db_"):
         assert task.primary_metric == "hmean" and hasattr(net, "head")
+    elif model.startswith("ppyoloe"):
+        assert task.primary_metric == "mAP" and task.num_classes == cfg.data.num_classes
+        assert net.yolo_head.pred_cls[0].weight.shape[0] == cfg.data.num_classes
     else:
         assert net.fc.weight.shape[-1] == cfg.data.num_classes
         assert task.primary_metric == "top1"
@@ -88,27 +91,55 @@ def icdar_root(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def coco_root(tmp_path_factory):
+    """A two-image COCO-layout dataset (sparse category ids), enough for data=coco to instantiate."""
+    import json
+
+    import cv2
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("coco")
+    (root / "annotations").mkdir()
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir()
+        cv2.imwrite(str(root / split / "1.jpg"), np.full((100, 120, 3), 90, np.uint8))
+        ann = {"images": [{"id": 1, "file_name": "1.jpg", "width": 120, "height": 100}],
+               "annotations": [{"id": 7, "image_id": 1, "category_id": 18, "bbox": [10, 20, 30, 40],
+                                "area": 1200, "iscrowd": 0}],
+               "categories": [{"id": 1, "name": "person"}, {"id": 18, "name": "dog"}]}
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(ann))
+    return root
+
+
 @pytest.mark.parametrize("data", options("data"))
-def test_every_data_config_instantiates(data, imagenet_root, icdar_root):
+def test_every_data_config_instantiates(data, imagenet_root, icdar_root, coco_root):
     extra = {"synthetic_shapes": ["model=resnet_tiny", "data.builder.num_train=20", "data.builder.num_val=10"],
              "imagenet": ["model=resnet_tiny", f"data.root={imagenet_root}", "data.num_classes=2"],
              "synthetic_text": ["model=db_det_tiny", "data.builder.num_train=4", "data.builder.num_val=2"],
-             "icdar2015": ["model=db_det_tiny", f"data.root={icdar_root}"]}[data]
+             "icdar2015": ["model=db_det_tiny", f"data.root={icdar_root}"],
+             "synthetic_shapes_det": ["model=ppyoloe_tiny", "data.builder.num_train=4", "data.builder.num_val=2",
+                                      "data.builder.image_size=64"],
+             "coco": ["model=ppyoloe_tiny", f"data.root={coco_root}", "data.num_classes=2"]}[data]
     cfg = compose([f"data={data}", *extra])
     builder = instantiate(cfg.data.builder)
     train_item, val_item = builder.build("train", 0)[0], builder.build("val", 0)[0]
     assert train_item["image"].shape[0] == 3 and val_item["image"].shape[0] == 3
     if "label" in val_item:
         assert 0 <= int(val_item["label"]) < cfg.data.num_classes
+    elif "gt_bbox" in train_item:
+        assert builder.num_classes == cfg.data.num_classes
+        assert int(train_item["pad_gt_mask"].sum()) >= 1 and val_item["scale_factor"].shape == (2,)
     else:
         assert train_item["shrink_map"].shape == train_item["image"].shape[1:]
         assert int(val_item["num_polys"]) >= 1
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_every_experiment_composes_and_instantiates(experiment, imagenet_root, icdar_root):
-    root = icdar_root if experiment.startswith("db_") else imagenet_root
-    cfg = compose([f"experiment={experiment}", f"data.root={root}"])
+def test_every_experiment_composes_and_instantiates(experiment, imagenet_root, icdar_root, coco_root):
+    root = {"db": icdar_root, "ppyoloe": coco_root}.get(experiment.split("_")[0], imagenet_root)
+    extra = ["data.num_classes=2"] if experiment.startswith("ppyoloe") else []
+    cfg = compose([f"experiment={experiment}", f"data.root={root}", *extra])
     OmegaConf.resolve(cfg)
     instantiate(cfg.amp)
     instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=1000, steps_per_epoch=5)
@@ -136,6 +167,37 @@ def test_db_low_precision_recipes_keep_the_step_function_in_fp32(amp):
         cfg = compose([f"model={model}", f"amp={amp}"])
         assert "exp" in cfg.amp.custom_black_list
     assert list(compose(["model=db_det", "amp=O1", "amp.custom_black_list=[]"]).amp.custom_black_list) == []
+
+
+def test_ppyoloe_experiment_mirrors_paddledetection():
+    cfg = compose(["experiment=ppyoloe_s_coco", "data.root=/x"])
+    assert (cfg.model.name, cfg.data.name, cfg.data.num_classes) == ("ppyoloe_s", "coco", 80)
+    assert cfg.optim.name == "momentum" and cfg.optim.optimizer.weight_decay == 5e-4
+    assert cfg.optim.lr == 0.01 and cfg.optim.base_batch_size == 64 and cfg.model.batch_size == 8
+    assert cfg.trainer.epochs == 300 and cfg.sched.warmup_epochs == 5 and cfg.sched.horizon == 1.2
+    assert cfg.trainer.ema_decay == 0.9998 and cfg.model.task.loss.static_assigner_epoch == 100
+    assert dict(cfg.model.task.loss.loss_weight) == {"class": 1.0, "iou": 2.5, "dfl": 0.5}
+    assert cfg.data.builder.multiscale[0] == 320 and cfg.data.builder.multiscale[-1] == 768
+
+
+@pytest.mark.parametrize("amp", ["O1", "O2", "bf16_O1", "bf16_O2"])
+def test_ppyoloe_low_precision_recipes_black_list_reduce_mean(amp):
+    for model in ("ppyoloe_s", "ppyoloe_m", "ppyoloe_l", "ppyoloe_x", "ppyoloe_tiny"):
+        cfg = compose([f"model={model}", f"amp={amp}"])
+        assert "reduce_mean" in cfg.amp.custom_black_list  # PaddleDetection PR #6787
+        if amp.endswith("O2"):
+            assert cfg.amp.master_weight and cfg.optim.optimizer.multi_precision
+    if not amp.startswith("bf16"):
+        assert compose(["model=ppyoloe_s", f"amp={amp}"]).amp.init_loss_scaling == 1024.0
+
+
+def test_num_classes_must_match_the_data(tmp_path):
+    from zoo.engine.run import ConfigError, build_trainer
+
+    cfg = compose(["model=ppyoloe_tiny", "data.builder.num_train=8", "data.builder.num_val=2",
+                   "data.builder.image_size=64", "data.num_classes=5"])
+    with pytest.raises(ConfigError, match="data.num_classes: 5, .* has 8 classes"):
+        build_trainer(cfg, tmp_path)
 
 
 def test_resnet50_imagenet_amp_mirrors_paddleclas():

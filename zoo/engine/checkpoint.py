@@ -8,12 +8,13 @@ so a kill mid-write never leaves a truncated ``last.pdckpt``.
 from __future__ import annotations
 
 import logging
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import paddle
+
+from zoo.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +29,7 @@ class CheckpointError(RuntimeError):
 
 def atomic_save(obj, path: str | Path) -> Path:
     """``paddle.save`` to ``path`` through a temp file + rename (never a partial file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        paddle.save(obj, str(tmp))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return atomic_write(path, lambda tmp: paddle.save(obj, str(tmp)))
 
 
 def read(path: str | Path):

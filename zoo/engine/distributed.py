@@ -53,6 +53,18 @@ def all_reduce_sums(sums: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.numpy().tolist()))
 
 
+def all_gather_objects(obj) -> list:
+    """Every rank's picklable ``obj``, in rank order; ``[obj]`` when not distributed.
+
+    For metrics that are not sums over batches (COCO mAP needs every rank's detections).
+    """
+    if world_size() == 1:
+        return [obj]
+    out: list = []
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()

@@ -101,6 +101,10 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     dist.init()
     device = current_device()
     train_set, val_set = build_data(cfg)
+    names = getattr(val_set, "class_names", None)  # detection sets know their classes
+    if names and "num_classes" in cfg.data and len(names) != int(cfg.data.num_classes):
+        raise ConfigError(f"data.num_classes: {cfg.data.num_classes}, but data={cfg.data.name} has "
+                          f"{len(names)} classes ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
     model = build(cfg.model.net, "model.net")
     task = build(cfg.model.task, "model.task")
     per_epoch = len(train_set) // (cfg.model.batch_size * dist.world_size())

@@ -23,6 +23,17 @@ def _numpy(x) -> np.ndarray:
     return x.numpy() if isinstance(x, paddle.Tensor) else np.asarray(x)
 
 
+def predict_in_eval_mode(task, model, batch):
+    """``task.predict`` with the model in eval mode, its previous mode restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        return task.predict(model, batch)
+    finally:
+        if was_training:
+            model.train()
+
+
 def _kwargs(node, key: str) -> dict:
     """Plain dict from None / dict / DictConfig (Hydra passes nested config nodes through)."""
     if node is None:
@@ -107,13 +118,7 @@ class DBTask:
         Drawn on the resized network input, so boxes (source pixels) are scaled by (ratio_w, ratio_h).
         The model is put in eval mode for the forward and restored afterwards.
         """
-        was_training = model.training
-        model.eval()
-        try:
-            predictions = self.predict(model, batch)
-        finally:
-            if was_training:
-                model.train()
+        predictions = predict_in_eval_mode(self, model, batch)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         images, shapes = _numpy(batch["image"]), _numpy(batch["shape"]).astype(np.float64)

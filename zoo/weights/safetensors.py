@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.fileio import atomic_write
+
 __all__ = ["SafetensorsError", "load_file", "read_metadata", "save_file"]
 
 # safetensors dtype -> little-endian numpy dtype (BF16 is stored as its 16 raw bits).
@@ -77,21 +79,15 @@ def save_file(tensors: Mapping, path: str | os.PathLike, metadata: Mapping[str, 
         offset += array.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(blob)))
             f.write(blob)
             for name in order:
                 f.write(arrays[name][0].tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+
+    return atomic_write(path, write)
 
 
 def _read_header(path: Path, f, file_size: int) -> tuple[dict, int]:

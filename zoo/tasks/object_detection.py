@@ -1,0 +1,147 @@
+"""PP-YOLOE object detection as a task: VFL + GIoU + DFL for training, COCO mAP for evaluation.
+
+Train batches hold ``image`` [N, 3, S, S], ``gt_bbox`` [N, M, 4] (xyxy, input pixels), ``gt_class``
+[N, M, 1], ``pad_gt_mask`` [N, M, 1] and ``epoch`` [N] (the data epoch of each sample, which picks the
+assigner: ATSS before ``static_assigner_epoch``, task-aligned after, as PaddleDetection). Eval batches
+hold ``image`` (resized), ``im_id``, ``scale_factor`` (scale_y, scale_x) and the padded ground truth
+in source pixels. The model returns raw logits in train mode and decoded boxes + sigmoid scores in
+eval mode (zoo/models/ppyoloe.py); NMS runs here, on NumPy arrays.
+
+COCO mAP is not a sum over batches: ``begin_eval`` starts a fresh :class:`COCOMetric` on the
+validation set's ground truth, ``eval_stats`` adds each image's detections to it, and
+``compute_metrics`` gathers the detections of every rank before pycocotools evaluates them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import cv2
+import numpy as np
+import paddle
+
+from zoo.engine import distributed as dist
+from zoo.losses import PPYOLOELoss
+from zoo.metrics.coco_eval import COCOMetric
+from zoo.postprocess import draw_boxes
+from zoo.postprocess.nms import multiclass_nms
+from zoo.tasks.text_detection import _kwargs, _numpy, predict_in_eval_mode
+
+
+class PPYOLOETask:
+    """PP-YOLOE training losses and COCO evaluation.
+
+    Args:
+        num_classes: number of object classes (must equal the model's and the data's).
+        loss: keyword arguments of ``zoo.losses.PPYOLOELoss`` (static_assigner_epoch, loss_weight, ...).
+        nms: keyword arguments of ``zoo.postprocess.nms.multiclass_nms`` (score_threshold, nms_top_k,
+            keep_top_k, nms_threshold).
+        mean, std: the normalisation the data applied (on pixel/255); only ``draw`` uses them.
+        rgb: the batch images are RGB (PaddleDetection decodes RGB); converted to BGR for drawing.
+    """
+
+    primary_metric = "mAP"
+
+    def __init__(self, num_classes: int, loss: dict | None = None, nms: dict | None = None,
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), rgb: bool = True):
+        try:
+            self.loss = PPYOLOELoss(num_classes=int(num_classes), **_kwargs(loss, "loss"))
+        except TypeError as e:  # unknown keyword: name the config key it came from
+            raise ValueError(f"model.task.loss: {e}") from e
+        self.nms = _kwargs(nms, "nms")
+        bad = set(self.nms) - {"score_threshold", "nms_top_k", "keep_top_k", "nms_threshold"}
+        if bad:
+            raise ValueError(f"model.task.nms: unknown keys {sorted(bad)} (expected score_threshold, "
+                             "nms_top_k, keep_top_k, nms_threshold)")
+        self.num_classes = int(num_classes)
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+        self.rgb = bool(rgb)
+        self._metric: COCOMetric | None = None
+        self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
+
+    # ---- training -----------------------------------------------------------------------------
+    def losses(self, model, batch) -> dict[str, paddle.Tensor]:
+        """Train-mode forward and the PP-YOLOE loss dict (float32 whatever the autocast state)."""
+        epoch = int(_numpy(batch["epoch"]).reshape(-1)[0])
+        return self.loss(model(batch["image"]), batch, epoch)
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def predict(self, model, batch) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Eval-mode forward, boxes to source pixels, NMS: ``(boxes [K, 4], scores [K], labels [K])``."""
+        out = model(batch["image"])
+        if not isinstance(out, Mapping) or "boxes" not in out:
+            raise RuntimeError("PPYOLOETask.predict: the model must be in eval mode (boxes + scores)")
+        boxes = out["boxes"].astype("float32").numpy()
+        scores = out["scores"].astype("float32").numpy()
+        scale = _numpy(batch["scale_factor"]).astype(np.float32)  # (scale_y, scale_x) per image
+        sizes = _numpy(batch["orig_size"]).astype(np.float32)     # (h, w) per image
+        results = []
+        for i in range(boxes.shape[0]):
+            sy, sx = scale[i]
+            b = boxes[i] / np.array([sx, sy, sx, sy], dtype=np.float32)
+            h, w = sizes[i]
+            b[:, 0::2] = b[:, 0::2].clip(0, w)
+            b[:, 1::2] = b[:, 1::2].clip(0, h)
+            results.append(multiclass_nms(b, scores[i], **self.nms))
+        return results
+
+    def begin_eval(self, val_set) -> None:
+        """A fresh COCO metric on ``val_set``'s ground truth (its ``coco`` and ``label_to_cat_id``)."""
+        self._metric = COCOMetric(val_set.coco, val_set.label_to_cat_id)
+        self.class_names = list(getattr(val_set, "class_names", self.class_names))
+
+    @paddle.no_grad()
+    def eval_stats(self, model, batch) -> dict[str, float]:
+        """Add the batch's detections to the metric; count images (the only additive statistic)."""
+        if self._metric is None:
+            raise RuntimeError("PPYOLOETask.eval_stats before begin_eval(val_set)")
+        predictions = self.predict(model, batch)
+        im_ids = _numpy(batch["im_id"]).reshape(-1)
+        for im_id, (boxes, scores, labels) in zip(im_ids, predictions):
+            self._metric.update(int(im_id), boxes, scores, labels)
+        return {"num_images": float(len(predictions))}
+
+    def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Gather every rank's detections and run COCOeval: mAP (AP@[.5:.95]), AP50, AP75, by size."""
+        if sums.get("num_images", 0.0) <= 0:
+            raise ValueError("no images were evaluated (empty validation split?)")
+        if self._metric is None:
+            raise RuntimeError("PPYOLOETask.compute_metrics before begin_eval(val_set)")
+        if dist.world_size() > 1:
+            parts = dist.all_gather_objects((self._metric.results(), self._metric.image_ids()))
+            self._metric.reset()
+            for results, image_ids in parts:
+                self._metric.extend(results, image_ids)
+        return {**self._metric.accumulate(), "num_images": int(sums["num_images"])}
+
+    # ---- drawing ------------------------------------------------------------------------------
+    def _viewable(self, image_chw: np.ndarray) -> np.ndarray:
+        """Undo NormalizeImage (x/255 - mean) / std: a uint8 HWC BGR image."""
+        image = (image_chw.astype(np.float32) * self.std + self.mean) * 255.0
+        image = np.clip(np.round(image), 0, 255).astype(np.uint8).transpose(1, 2, 0)
+        return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if self.rgb else np.ascontiguousarray(image)
+
+    @paddle.no_grad()
+    def draw(self, model, batch, out_dir, prefix: str = "det", score_threshold: float = 0.3) -> list[Path]:
+        """Write ``<out_dir>/<prefix>_<i>.png`` per image: ground truth green, detections with class
+        name and score (those above ``score_threshold``), drawn on the resized network input."""
+        predictions = predict_in_eval_mode(self, model, batch)
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        images = _numpy(batch["image"])
+        scale = _numpy(batch["scale_factor"]).astype(np.float64)
+        gt_boxes, gt_labels = _numpy(batch["gt_bbox"]), _numpy(batch["gt_class"])
+        real = _numpy(batch["pad_gt_mask"]).reshape(gt_boxes.shape[0], -1) > 0
+        paths = []
+        for i, (boxes, scores, labels) in enumerate(predictions):
+            sy, sx = scale[i]
+            to_input = np.array([sx, sy, sx, sy])
+            keep = scores >= score_threshold
+            image = draw_boxes(self._viewable(images[i]), boxes[keep] * to_input, labels[keep], scores[keep],
+                               self.class_names, gt_boxes=gt_boxes[i][real[i]] * to_input,
+                               gt_labels=gt_labels[i].reshape(-1)[real[i]])
+            path = out_dir / f"{prefix}_{i}.png"
+            cv2.imwrite(str(path), image)
+            paths.append(path)
+        return paths
