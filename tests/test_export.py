@@ -134,6 +134,22 @@ def test_onnx_real_resnet_matches_paddle(tmp_path):
     np.testing.assert_allclose(got, _softmax(model(paddle.to_tensor(x)).numpy()), rtol=1e-4, atol=1e-6)
 
 
+def test_onnx_real_db_matches_paddle_at_two_input_sizes(tmp_path):
+    """DB's FPN upsampling converts (size form of nearest_interp) and keeps dynamic H, W."""
+    pytest.importorskip("paddle2onnx", reason="paddle2onnx not installed (optional)")
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional)")
+    paddle.seed(3)
+    model = zoo.create_model("db_det_tiny")
+    export_inference(model, tmp_path, [-1, 3, -1, -1], output="maps")
+    path, _ = export_onnx(tmp_path, required=True)
+    sess = ort.InferenceSession(str(path))
+    model.eval()
+    for shape in ((1, 3, 64, 96), (2, 3, 128, 64)):
+        x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+        got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+        np.testing.assert_allclose(got, model(paddle.to_tensor(x))["maps"].numpy(), rtol=1e-4, atol=1e-5)
+
+
 def _softmax(z):
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)

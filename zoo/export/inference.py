@@ -11,6 +11,7 @@ Exports are FP32: AMP is a training concern, and O2 runs already save fp32 weigh
 from __future__ import annotations
 
 import re
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -227,7 +228,9 @@ def export_onnx(out_dir, opset: int = 11, required: bool = False) -> tuple[Path 
     code = ("import sys, paddle2onnx; "
             "paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.argv[4]))")
     proc = subprocess.run([sys.executable, "-c", code, str(model_file), str(out_dir / f"{INFERENCE_PREFIX}.pdiparams"),
-                           str(target), str(int(opset))], capture_output=True, text=True)
+                           str(target), str(int(opset))], capture_output=True, text=True,
+                          # paddle2onnx's optimiser (Polygraphy) may otherwise pip-install packages itself
+                          env={**os.environ, "POLYGRAPHY_AUTOINSTALL_DEPS": "0"})
     if proc.returncode == 0 and target.is_file():
         return target, f"ONNX written: {target} (paddle2onnx {version}, opset {opset})"
     lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).splitlines() if ln.strip()]

@@ -24,7 +24,11 @@ def _conv(in_ch, out_ch, kernel):
 
 
 def _up(x, factor):
-    return F.interpolate(x, scale_factor=factor, mode="nearest")
+    """Nearest upsampling by an integer factor, stated as an output size (the same values as
+    ``scale_factor=factor``): paddle2onnx 2.1 cannot convert Paddle 3.3's float64 ``scale``
+    attribute of nearest_interp, but converts the size form, dynamic input sizes included."""
+    shape = paddle.shape(x)
+    return F.interpolate(x, size=[shape[2] * factor, shape[3] * factor], mode="nearest")
 
 
 class DBFPN(nn.Layer):
