@@ -29,11 +29,7 @@ def draw_detections(image_bgr: np.ndarray, det_boxes, gt_boxes=(), gt_ignore=Non
 
     Ground truths are drawn first so overlapping detections stay visible on top.
     """
-    image = np.ascontiguousarray(image_bgr).copy()
-    if image.ndim == 2:
-        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-    if image.dtype != np.uint8:
-        image = np.clip(image, 0, 255).astype(np.uint8)
+    image = _canvas(image_bgr)
     gt_boxes = list(gt_boxes)
     if gt_ignore is None:
         gt_ignore = np.zeros(len(gt_boxes), bool)
@@ -41,6 +37,16 @@ def draw_detections(image_bgr: np.ndarray, det_boxes, gt_boxes=(), gt_ignore=Non
     _polylines(image, [g for g, i in zip(gt_boxes, ignore) if not i], GT_COLOR, thickness)
     _polylines(image, [g for g, i in zip(gt_boxes, ignore) if i], IGNORED_COLOR, thickness)
     _polylines(image, list(det_boxes), DET_COLOR, thickness)
+    return image
+
+
+def _canvas(image) -> np.ndarray:
+    """A uint8 BGR copy of ``image`` to draw on (grey images get three channels)."""
+    image = np.ascontiguousarray(image).copy()
+    if image.ndim == 2:
+        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+    if image.dtype != np.uint8:
+        image = np.clip(image, 0, 255).astype(np.uint8)
     return image
 
 
@@ -61,11 +67,7 @@ def draw_boxes(image_bgr_uint8: np.ndarray, boxes, labels, scores, class_names, 
     per-class colour with a "name score" tag; ``gt_boxes`` [G,4] (optional
     ``gt_labels`` adds the name) in green, underneath the predictions.
     """
-    image = np.ascontiguousarray(image_bgr_uint8).copy()
-    if image.ndim == 2:
-        image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-    if image.dtype != np.uint8:
-        image = np.clip(image, 0, 255).astype(np.uint8)
+    image = _canvas(image_bgr_uint8)
     names = list(class_names)
 
     def name(label: int) -> str:
