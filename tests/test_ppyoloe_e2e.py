@@ -39,6 +39,16 @@ def test_short_ppyoloe_run_under_emulated_fp16(tmp_path):
     assert img is not None and img.shape[:2] == (64, 64)
 
 
+@pytest.mark.parametrize("amp, effective", [("O2", "emulated-fp16-O2"), ("bf16_O2", "emulated-bf16-O2")])
+def test_ppyoloe_o2_recipes_train_with_finite_losses(amp, effective, tmp_path):
+    summary = train(compose([*YOLO_TINY, f"amp={amp}", "trainer.draw_samples=0"]), tmp_path)
+    assert summary["effective_precision"] == effective
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["kind"] == "train"]
+    assert len(train_lines) == 3 and all(np.isfinite(x["loss"]) for x in train_lines)
+    assert summary["skipped_steps"] == 0 and np.isfinite(summary["metrics"]["mAP"])
+
+
 def test_assigner_follows_the_data_epoch():
     """ATSS before loss.static_assigner_epoch, task-aligned from it on: the batch's epoch decides."""
     from hydra.utils import instantiate
