@@ -49,6 +49,19 @@ def test_ppyoloe_o2_recipes_train_with_finite_losses(amp, effective, tmp_path):
     assert summary["skipped_steps"] == 0 and np.isfinite(summary["metrics"]["mAP"])
 
 
+@pytest.mark.parametrize("override, message", [
+    (["data.builder.min_size=90", "data.builder.max_size=20"], r"data.builder.min_size / max_size: need 4 <= "),
+    (["+model.task.nms.iou=0.5"], r"model.task.nms: unknown keys \['iou'\]"),
+    (["+model.task.loss.topk=3"], r"model.task.loss: .*topk"),
+    (["sched.horizon=0.5"], r"sched.horizon: expected >= 1.0"),
+])
+def test_bad_ppyoloe_settings_fail_naming_the_key(override, message, tmp_path):
+    from zoo.engine.run import build_trainer
+
+    with pytest.raises(ValueError, match=message):  # tools/ print these as "error: ..." and exit 2
+        build_trainer(compose([*YOLO_TINY, *override]), tmp_path)
+
+
 def test_assigner_follows_the_data_epoch():
     """ATSS before loss.static_assigner_epoch, task-aligned from it on: the batch's epoch decides."""
     from hydra.utils import instantiate

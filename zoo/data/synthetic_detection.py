@@ -223,10 +223,11 @@ class SyntheticShapesDetData(COCODetData):
                  train_size: int | None = None, eval_size: int | None = None, multiscale=None,
                  max_boxes: int | None = None, **kw):
         if num_train < 1 or num_val < 1 or image_size < 32 or seed < 0 or max_objects < 1:
-            raise ValueError(f"need num_train, num_val, max_objects >= 1, image_size >= 32, seed >= 0; got "
-                             f"{num_train}, {num_val}, {max_objects}, {image_size}, {seed}")
+            raise ValueError(f"data.builder: need num_train, num_val, max_objects >= 1, image_size >= 32, "
+                             f"seed >= 0; got {num_train}, {num_val}, {max_objects}, {image_size}, {seed}")
         if not 4 <= min_size <= max_size:
-            raise ValueError(f"need 4 <= min_size <= max_size, got {min_size}, {max_size}")
+            raise ValueError(f"data.builder.min_size / max_size: need 4 <= min_size <= max_size, got "
+                             f"{min_size}, {max_size}")
         self.params = dict(num_train=int(num_train), num_val=int(num_val), image_size=int(image_size),
                            max_objects=int(max_objects), min_size=float(min_size), max_size=float(max_size),
                            seed=int(seed))
