@@ -58,31 +58,18 @@ def build_ppyoloe(width_mult=1.0, depth_mult=1.0, num_classes=80, act="swish", u
     return PPYOLOE(backbone, neck, head)
 
 
-@register_model
-def ppyoloe_s(num_classes=80, **kw):
-    """PP-YOLOE crn-s (ppyoloe_crn_s_300e_coco: width 0.50, depth 0.33)."""
-    return build_ppyoloe(**{"width_mult": 0.50, "depth_mult": 0.33, **kw}, num_classes=num_classes)
+def _variant(name: str, width_mult: float, depth_mult: float, doc: str):
+    """Register ``name(num_classes=80, **kw)``: :func:`build_ppyoloe` with these multipliers as defaults."""
+    def build(num_classes=80, **kw):
+        return build_ppyoloe(**{"width_mult": width_mult, "depth_mult": depth_mult, **kw}, num_classes=num_classes)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    return register_model(build)
 
 
-@register_model
-def ppyoloe_m(num_classes=80, **kw):
-    """PP-YOLOE crn-m (width 0.75, depth 0.67)."""
-    return build_ppyoloe(**{"width_mult": 0.75, "depth_mult": 0.67, **kw}, num_classes=num_classes)
-
-
-@register_model
-def ppyoloe_l(num_classes=80, **kw):
-    """PP-YOLOE crn-l (width 1.0, depth 1.0)."""
-    return build_ppyoloe(**{"width_mult": 1.0, "depth_mult": 1.0, **kw}, num_classes=num_classes)
-
-
-@register_model
-def ppyoloe_x(num_classes=80, **kw):
-    """PP-YOLOE crn-x (width 1.25, depth 1.33)."""
-    return build_ppyoloe(**{"width_mult": 1.25, "depth_mult": 1.33, **kw}, num_classes=num_classes)
-
-
-@register_model
-def ppyoloe_tiny(num_classes=80, **kw):
-    """A small PP-YOLOE (width 0.25, depth 0.33) for tests and smoke runs."""
-    return build_ppyoloe(**{"width_mult": 0.25, "depth_mult": 0.33, **kw}, num_classes=num_classes)
+ppyoloe_s = _variant("ppyoloe_s", 0.50, 0.33, "PP-YOLOE crn-s (ppyoloe_crn_s_300e_coco: width 0.50, depth 0.33).")
+ppyoloe_m = _variant("ppyoloe_m", 0.75, 0.67, "PP-YOLOE crn-m (width 0.75, depth 0.67).")
+ppyoloe_l = _variant("ppyoloe_l", 1.0, 1.0, "PP-YOLOE crn-l (width 1.0, depth 1.0).")
+ppyoloe_x = _variant("ppyoloe_x", 1.25, 1.33, "PP-YOLOE crn-x (width 1.25, depth 1.33).")
+ppyoloe_tiny = _variant("ppyoloe_tiny", 0.25, 0.33, "A small PP-YOLOE (width 0.25, depth 0.33) for tests.")
