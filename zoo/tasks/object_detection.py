@@ -25,7 +25,7 @@ from zoo.losses import PPYOLOELoss
 from zoo.metrics.coco_eval import COCOMetric
 from zoo.postprocess import draw_boxes
 from zoo.postprocess.nms import multiclass_nms
-from zoo.tasks.text_detection import _kwargs, _numpy, predict_in_eval_mode
+from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 
 
 class PPYOLOETask:
@@ -45,25 +45,23 @@ class PPYOLOETask:
     def __init__(self, num_classes: int, loss: dict | None = None, nms: dict | None = None,
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), rgb: bool = True):
         try:
-            self.loss = PPYOLOELoss(num_classes=int(num_classes), **_kwargs(loss, "loss"))
+            self.loss = PPYOLOELoss(num_classes=int(num_classes), **task_kwargs(loss, "loss"))
         except TypeError as e:  # unknown keyword: name the config key it came from
             raise ValueError(f"model.task.loss: {e}") from e
-        self.nms = _kwargs(nms, "nms")
+        self.nms = task_kwargs(nms, "nms")
         bad = set(self.nms) - {"score_threshold", "nms_top_k", "keep_top_k", "nms_threshold"}
         if bad:
             raise ValueError(f"model.task.nms: unknown keys {sorted(bad)} (expected score_threshold, "
                              "nms_top_k, keep_top_k, nms_threshold)")
         self.num_classes = int(num_classes)
-        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
-        self.rgb = bool(rgb)
+        self.viewable = Denormalize(mean, std, rgb)
         self._metric: COCOMetric | None = None
         self.class_names: list[str] = [str(i) for i in range(self.num_classes)]
 
     # ---- training -----------------------------------------------------------------------------
     def losses(self, model, batch) -> dict[str, paddle.Tensor]:
         """Train-mode forward and the PP-YOLOE loss dict (float32 whatever the autocast state)."""
-        epoch = int(_numpy(batch["epoch"]).reshape(-1)[0])
+        epoch = int(as_numpy(batch["epoch"]).reshape(-1)[0])
         return self.loss(model(batch["image"]), batch, epoch)
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -74,8 +72,8 @@ class PPYOLOETask:
             raise RuntimeError("PPYOLOETask.predict: the model must be in eval mode (boxes + scores)")
         boxes = out["boxes"].astype("float32").numpy()
         scores = out["scores"].astype("float32").numpy()
-        scale = _numpy(batch["scale_factor"]).astype(np.float32)  # (scale_y, scale_x) per image
-        sizes = _numpy(batch["orig_size"]).astype(np.float32)     # (h, w) per image
+        scale = as_numpy(batch["scale_factor"]).astype(np.float32)  # (scale_y, scale_x) per image
+        sizes = as_numpy(batch["orig_size"]).astype(np.float32)     # (h, w) per image
         results = []
         for i in range(boxes.shape[0]):
             sy, sx = scale[i]
@@ -97,7 +95,7 @@ class PPYOLOETask:
         if self._metric is None:
             raise RuntimeError("PPYOLOETask.eval_stats before begin_eval(val_set)")
         predictions = self.predict(model, batch)
-        im_ids = _numpy(batch["im_id"]).reshape(-1)
+        im_ids = as_numpy(batch["im_id"]).reshape(-1)
         for im_id, (boxes, scores, labels) in zip(im_ids, predictions):
             self._metric.update(int(im_id), boxes, scores, labels)
         return {"num_images": float(len(predictions))}
@@ -116,12 +114,6 @@ class PPYOLOETask:
         return {**self._metric.accumulate(), "num_images": int(sums["num_images"])}
 
     # ---- drawing ------------------------------------------------------------------------------
-    def _viewable(self, image_chw: np.ndarray) -> np.ndarray:
-        """Undo NormalizeImage (x/255 - mean) / std: a uint8 HWC BGR image."""
-        image = (image_chw.astype(np.float32) * self.std + self.mean) * 255.0
-        image = np.clip(np.round(image), 0, 255).astype(np.uint8).transpose(1, 2, 0)
-        return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if self.rgb else np.ascontiguousarray(image)
-
     @paddle.no_grad()
     def draw(self, model, batch, out_dir, prefix: str = "det", score_threshold: float = 0.3) -> list[Path]:
         """Write ``<out_dir>/<prefix>_<i>.png`` per image: ground truth green, detections with class
@@ -129,16 +121,16 @@ class PPYOLOETask:
         predictions = predict_in_eval_mode(self, model, batch)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        images = _numpy(batch["image"])
-        scale = _numpy(batch["scale_factor"]).astype(np.float64)
-        gt_boxes, gt_labels = _numpy(batch["gt_bbox"]), _numpy(batch["gt_class"])
-        real = _numpy(batch["pad_gt_mask"]).reshape(gt_boxes.shape[0], -1) > 0
+        images = as_numpy(batch["image"])
+        scale = as_numpy(batch["scale_factor"]).astype(np.float64)
+        gt_boxes, gt_labels = as_numpy(batch["gt_bbox"]), as_numpy(batch["gt_class"])
+        real = as_numpy(batch["pad_gt_mask"]).reshape(gt_boxes.shape[0], -1) > 0
         paths = []
         for i, (boxes, scores, labels) in enumerate(predictions):
             sy, sx = scale[i]
             to_input = np.array([sx, sy, sx, sy])
             keep = scores >= score_threshold
-            image = draw_boxes(self._viewable(images[i]), boxes[keep] * to_input, labels[keep], scores[keep],
+            image = draw_boxes(self.viewable(images[i]), boxes[keep] * to_input, labels[keep], scores[keep],
                                self.class_names, gt_boxes=gt_boxes[i][real[i]] * to_input,
                                gt_labels=gt_labels[i].reshape(-1)[real[i]])
             path = out_dir / f"{prefix}_{i}.png"

@@ -17,30 +17,7 @@ import paddle
 from zoo.losses import DBLoss
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
-
-
-def _numpy(x) -> np.ndarray:
-    return x.numpy() if isinstance(x, paddle.Tensor) else np.asarray(x)
-
-
-def predict_in_eval_mode(task, model, batch):
-    """``task.predict`` with the model in eval mode, its previous mode restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        return task.predict(model, batch)
-    finally:
-        if was_training:
-            model.train()
-
-
-def _kwargs(node, key: str) -> dict:
-    """Plain dict from None / dict / DictConfig (Hydra passes nested config nodes through)."""
-    if node is None:
-        return {}
-    if not isinstance(node, Mapping):
-        raise TypeError(f"model.task.{key}: expected a mapping of keyword arguments, got {node!r}")
-    return {str(k): v for k, v in node.items()}
+from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 
 
 class DBTask:
@@ -61,14 +38,12 @@ class DBTask:
                  iou_constraint: float = 0.5, area_precision_constraint: float = 0.5,
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), rgb: bool = False):
         try:
-            self.loss = DBLoss(**_kwargs(loss, "loss"))
-            self.postprocess = DBPostProcess(**_kwargs(postprocess, "postprocess"))
+            self.loss = DBLoss(**task_kwargs(loss, "loss"))
+            self.postprocess = DBPostProcess(**task_kwargs(postprocess, "postprocess"))
         except TypeError as e:  # unknown keyword: name the config key it came from
             raise ValueError(f"model.task: {e}") from e
         self.evaluator = DetectionIoUEvaluator(iou_constraint, area_precision_constraint)
-        self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
-        self.rgb = bool(rgb)
+        self.viewable = Denormalize(mean, std, rgb)
 
     @staticmethod
     def _maps(out) -> paddle.Tensor:
@@ -81,13 +56,13 @@ class DBTask:
     def predict(self, model, batch) -> list[tuple]:
         """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels."""
         maps = self._maps(model(batch["image"])).astype("float32")
-        return self.postprocess(maps.numpy(), _numpy(batch["shape"]))
+        return self.postprocess(maps.numpy(), as_numpy(batch["shape"]))
 
     @staticmethod
     def _ground_truth(batch):
         """Per image: (polygons [P_i, 4, 2], ignore flags [P_i]) with the zero padding removed."""
-        polys, ignore = _numpy(batch["polys"]), _numpy(batch["ignore"])
-        counts = _numpy(batch["num_polys"]).reshape(-1).astype(np.int64)
+        polys, ignore = as_numpy(batch["polys"]), as_numpy(batch["ignore"])
+        counts = as_numpy(batch["num_polys"]).reshape(-1).astype(np.int64)
         return [(polys[i, :n], ignore[i, :n].astype(bool)) for i, n in enumerate(counts)]
 
     @paddle.no_grad()
@@ -105,11 +80,6 @@ class DBTask:
             raise ValueError("no images were evaluated (empty validation split?)")
         return {**self.evaluator.combine(sums), "num_images": int(sums["num_images"])}
 
-    def _viewable(self, image_chw: np.ndarray) -> np.ndarray:
-        """Undo NormalizeImage (x/255 - mean) / std: a uint8 HWC BGR image."""
-        image = (image_chw.astype(np.float32) * self.std + self.mean) * 255.0
-        image = np.clip(np.round(image), 0, 255).astype(np.uint8).transpose(1, 2, 0)
-        return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if self.rgb else np.ascontiguousarray(image)
 
     @paddle.no_grad()
     def draw(self, model, batch, out_dir, prefix: str = "det") -> list[Path]:
@@ -121,13 +91,13 @@ class DBTask:
         predictions = predict_in_eval_mode(self, model, batch)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        images, shapes = _numpy(batch["image"]), _numpy(batch["shape"]).astype(np.float64)
+        images, shapes = as_numpy(batch["image"]), as_numpy(batch["shape"]).astype(np.float64)
         paths = []
         for i, ((gt, ign), (boxes, _)) in enumerate(zip(self._ground_truth(batch), predictions)):
             scale = np.array([shapes[i, 3], shapes[i, 2]])  # (ratio_w, ratio_h) for (x, y)
             dets = [np.asarray(b, np.float64).reshape(-1, 2) * scale for b in boxes]
             gts = [np.asarray(g, np.float64).reshape(-1, 2) * scale for g in gt]
             path = out_dir / f"{prefix}_{i}.png"
-            cv2.imwrite(str(path), draw_detections(self._viewable(images[i]), dets, gts, ign))
+            cv2.imwrite(str(path), draw_detections(self.viewable(images[i]), dets, gts, ign))
             paths.append(path)
         return paths
