@@ -231,7 +231,7 @@ class COCODetDataset(paddle.io.Dataset):
     """
 
     def __init__(self, records, split: str, seed: int, transform, max_boxes: int = 100, multiscale=None,
-                 source: str = "COCO data"):
+                 source: str = "COCO data", coco_factory=None, class_names=(), label_to_cat_id=None):
         super().__init__()
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
@@ -246,10 +246,10 @@ class COCODetDataset(paddle.io.Dataset):
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.boxes = np.concatenate([r["boxes"] for r in records] or [np.zeros((0, 4), np.float32)])
         self.labels = np.concatenate([r["labels"] for r in records] or [np.zeros(0, np.int64)])
-        # Set by COCODetData.build: what the evaluation needs besides the images.
-        self._coco_factory = None
-        self.class_names: list[str] = []
-        self.label_to_cat_id: dict[int, int] = {}
+        # What the evaluation needs besides the images (COCODetData.build passes them).
+        self._coco_factory = coco_factory
+        self.class_names: list[str] = list(class_names)
+        self.label_to_cat_id: dict[int, int] = dict(label_to_cat_id or {})
 
     def __len__(self) -> int:
         return len(self.files)
@@ -385,11 +385,9 @@ class COCODetData:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""
         inst = self.instances(split)
         transform = self.train_transform if split == "train" else self.eval_transform
-        ds = COCODetDataset(inst.records, split, seed, transform, self.max_boxes, self.multiscale,
-                            source=str(self.paths(split)[0]))
-        ds._coco_factory = functools.partial(self.coco, split)
-        ds.class_names, ds.label_to_cat_id = self.class_names, self.label_to_cat_id
-        return ds
+        return COCODetDataset(inst.records, split, seed, transform, self.max_boxes, self.multiscale,
+                              source=str(self.paths(split)[0]), coco_factory=functools.partial(self.coco, split),
+                              class_names=self.class_names, label_to_cat_id=self.label_to_cat_id)
 
     def coco(self, split: str = "val"):
         """pycocotools ``COCO`` of the images ``build(split)`` holds (for :class:`~zoo.metrics.COCOMetric`)."""
