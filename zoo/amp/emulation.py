@@ -1,24 +1,33 @@
 """Emulated fp16/bf16 numerics on a CPU: the numbers of Paddle's AMP, not its speed.
 
 Paddle's CPU build has no fp16/bf16 conv or matmul kernels, but it casts to and from both formats.
-Inside :class:`Emulation` every wrapped op follows Paddle's AMP rules (the op lists come from
-``paddle.amp.white_list()`` / ``black_list()`` plus the recipe's custom lists):
+Inside :class:`Emulation` every wrapped op picks its precision by Paddle 3.3's own rule
+(``paddle/fluid/imperative/amp_utils.h``, GetAmpDestDtype with ``use_promote=True``, which
+auto_cast sets at O1 and at O2):
 
-- O1: white-list ops (conv2d, matmul, linear, ...) round their float inputs and their output to the
-  low-precision format; black-list ops compute in fp32; every other op follows its inputs: it
-  rounds its output only when all its float tensor inputs are low precision (Paddle's promote rule,
-  so ``conv_out + fp32_bias`` is fp32).
-- O2: every wrapped op except the black list rounds inputs and output; norms keep fp32 parameters
-  (only their data input and output are rounded), as ``paddle.amp.decorate`` keeps them.
+- white-list ops (conv2d, matmul, linear, ...) compute in low precision;
+- black-list ops compute in fp32 (O1: Paddle's 53-op list; O2: only its 8-op ``EXTRA_BLACK_LIST``;
+  both plus the recipe's ``custom_black_list``);
+- every other op follows its inputs: low precision only when all its float tensor inputs are low
+  precision, fp32 as soon as one is fp32 (for batch_norm and layer_norm only ``x`` is judged).
+
+At O2 what makes most ops low precision is that ``paddle.amp.decorate`` casts the parameters:
+:func:`mark_o2_parameters` tags the parameters decorate would cast (all but BatchNorm, and for fp16
+LayerNorm/InstanceNorm: Paddle's own ``need_keep_fp32``), and a tagged parameter enters every op
+rounded to the format, as its fp16 copy would on a GPU. The fp32 value stays the master weight.
 
 Rounding is a cast round trip ``x.astype(fp16).astype(fp32)``: values beyond the format's range
 become inf and tiny values flush to zero, exactly as in the format; its backward casts the incoming
 gradient the same way, so gradients flowing back through a low-precision op are rounded (and
-overflow) too. Parameters stay fp32 (master weights) and are rounded where an op consumes them.
+overflow) too. ``depthwise_conv2d`` in low precision also *accumulates* in it, as Paddle's CUDA
+kernel does (zoo/amp/depthwise.py); cuDNN/cuBLAS ops accumulate in fp32, so rounding their output
+is exact. Parameter gradients stored in low precision (O2 without ``master_grad``) are handled by
+:func:`round_parameter_grads`, called by the Amp component around the loss-scaler's unscale.
 
-What is wrapped: the ``paddle._C_ops`` functions in ``WRAPPED_OPS`` (what paddle.nn layers and
-functionals call) and the Tensor arithmetic operators. An op outside that set computes in fp32 and
-its output counts as fp32, which can only under-state rounding, never invent it.
+What is wrapped: the ``paddle._C_ops`` functions in ``WRAPPED_OPS`` (what paddle.nn layers,
+functionals and Tensor methods call) and the Tensor arithmetic operators. An op outside that set
+computes in fp32 and its output counts as fp32; ``tools/amp_conformance.py`` compares the
+decisions made here with Paddle's compiled rule call by call.
 """
 from __future__ import annotations
 
@@ -30,6 +39,8 @@ import paddle
 from paddle import _C_ops
 from paddle.autograd import PyLayer
 
+from zoo.amp.depthwise import depthwise_low_accum
+
 # Paddle's AMP lists use legacy op names; the wrapped functions use _C_ops names.
 ALIASES = {"elementwise_add": "add", "elementwise_sub": "subtract", "elementwise_mul": "multiply",
            "elementwise_div": "divide", "elementwise_pow": "elementwise_pow", "reduce_mean": "mean",
@@ -37,18 +48,29 @@ ALIASES = {"elementwise_add": "add", "elementwise_sub": "subtract", "elementwise
            "hard_swish": "hardswish", "hard_sigmoid": "hardsigmoid", "nearest_interp_v2": "nearest_interp",
            "bilinear_interp_v2": "bilinear_interp", "bicubic_interp_v2": "bicubic_interp",
            "linear_interp_v2": "linear_interp", "softmax_with_cross_entropy": "cross_entropy_with_softmax",
-           "flatten_contiguous_range": "flatten"}
-NORMS = {"batch_norm", "layer_norm", "group_norm", "instance_norm"}
-WRAPPED_OPS = (
+           "flatten_contiguous_range": "flatten", "lookup_table_v2": "embedding",
+           "trilinear_interp_v2": "trilinear_interp"}
+# Norms whose precision is judged on x alone, and whose other inputs are never cast (GetPromoteType).
+X_ONLY_NORMS = {"batch_norm", "layer_norm", "sync_batch_norm"}
+# Ops whose outputs are values of their inputs (selection, reshaping, copies): with low-precision
+# inputs the output is already representable, so it is only tagged (no cast forward or backward).
+VALUE_PRESERVING = {
+    "relu", "relu6", "concat", "flatten", "nearest_interp", "reshape", "transpose", "squeeze",
+    "unsqueeze", "slice", "strided_slice", "split", "split_with_num", "gather", "gather_nd",
+    "index_select", "expand", "expand_as", "tile", "stack", "unbind", "roll", "flip", "maximum",
+    "minimum", "take_along_axis", "index_sample", "max_pool2d_with_index", "assign", "where"}
+WRAPPED_OPS = tuple(sorted(VALUE_PRESERVING | {
     "conv2d", "depthwise_conv2d", "conv2d_transpose", "depthwise_conv2d_transpose", "matmul", "linear",
-    "batch_norm", "layer_norm", "group_norm", "relu", "relu6", "hardswish", "hardsigmoid", "sigmoid",
-    "swish", "silu", "leaky_relu", "gelu", "tanh", "exp", "log", "reciprocal", "sqrt", "rsqrt", "pow",
-    "square", "abs", "add", "subtract", "multiply", "divide", "scale", "maximum", "minimum", "clip",
-    "concat", "pool2d", "max_pool2d_with_index", "nearest_interp", "bilinear_interp", "mean", "sum",
-    "softmax", "cross_entropy_with_softmax", "flatten", "sigmoid_cross_entropy_with_logits")
+    "batch_norm", "sync_batch_norm", "layer_norm", "group_norm", "instance_norm", "relu", "hardswish",
+    "hardsigmoid", "sigmoid", "swish", "silu", "leaky_relu", "gelu", "tanh", "exp", "log",
+    "reciprocal", "sqrt", "rsqrt", "pow", "square", "abs", "add", "subtract", "multiply", "divide",
+    "scale", "clip", "pool2d", "bilinear_interp", "mean", "sum", "softmax", "log_softmax",
+    "cross_entropy_with_softmax", "sigmoid_cross_entropy_with_logits", "softplus", "pad",
+    "elementwise_pow", "mish", "elu"}))
 _DUNDERS = {"__add__": "add", "__radd__": "add", "__sub__": "subtract", "__rsub__": "subtract",
             "__mul__": "multiply", "__rmul__": "multiply", "__truediv__": "divide",
-            "__rtruediv__": "divide", "__neg__": "scale", "__pow__": "pow"}
+            "__rtruediv__": "divide", "__neg__": "scale", "__pow__": "elementwise_pow",
+            "__matmul__": "matmul", "__getitem__": "slice"}
 # Ops whose backward is computed from their own output. On a GPU that output is the fp16 one
 # (exp(12) = inf), so the backward sees inf too (inf * 0 = NaN): these run through _LowUnary,
 # whose backward uses the rounded output, instead of a cast after an fp32 op.
@@ -58,12 +80,8 @@ _OUTPUT_GRAD = {
     "tanh": lambda y: 1.0 - y * y,
     "reciprocal": lambda y: -(y * y),
 }
-# Ops whose outputs are values of their inputs (selection, copies, clipping to representable
-# bounds): with low-precision inputs the output is already representable, so it is only tagged.
-# This skips two casts forward and two backward per such op; the gradient is rounded at the
-# producer's output instead, which gives the same numbers.
-_VALUE_PRESERVING = {"relu", "relu6", "concat", "flatten", "nearest_interp"}
 _TAG = "_zoo_lowp"
+O2_PARAM = "_zoo_o2_low"
 _FLOAT = (paddle.float32, paddle.float64)
 _state = threading.local()
 
@@ -78,6 +96,12 @@ def round_to(x: paddle.Tensor, dtype: str) -> paddle.Tensor:
     out = x.astype(dtype).astype(x.dtype)
     setattr(out, _TAG, True)
     return out
+
+
+def _tag(t):
+    if isinstance(t, paddle.Tensor):
+        setattr(t, _TAG, True)
+    return t
 
 
 class _LowUnary(PyLayer):
@@ -101,13 +125,17 @@ def is_low(x) -> bool:
     return bool(getattr(x, _TAG, False))
 
 
+def _is_float(t) -> bool:
+    return isinstance(t, paddle.Tensor) and t.dtype in _FLOAT
+
+
 def _float_tensors(args) -> list:
     found = []
     for a in args:
-        if isinstance(a, paddle.Tensor) and a.dtype in _FLOAT:
+        if _is_float(a):
             found.append(a)
         elif isinstance(a, (list, tuple)):
-            found.extend(t for t in a if isinstance(t, paddle.Tensor) and t.dtype in _FLOAT)
+            found.extend(t for t in a if _is_float(t))
     return found
 
 
@@ -116,59 +144,113 @@ def _map_args(args, fn, only_first: bool):
     for i, a in enumerate(args):
         if only_first and i > 0:
             out.append(a)
-        elif isinstance(a, paddle.Tensor) and a.dtype in _FLOAT:
+        elif _is_float(a):
             out.append(fn(a))
-        elif isinstance(a, list) and not only_first:
-            out.append([fn(t) if isinstance(t, paddle.Tensor) and t.dtype in _FLOAT else t for t in a])
+        elif isinstance(a, (list, tuple)) and not only_first:
+            out.append(type(a)(fn(t) if _is_float(t) else t for t in a))
         else:
             out.append(a)
     return out
 
 
-class Emulation:
-    """Settings of one emulated precision; ``with emulation:`` makes the wrapped ops follow them."""
+def mark_o2_parameters(model, dtype: str) -> int:
+    """Tag the parameters ``paddle.amp.decorate(level='O2')`` would cast; returns how many."""
+    from paddle.amp.auto_cast import need_keep_fp32
 
-    def __init__(self, level: str, dtype: str, custom_white_list=(), custom_black_list=()):
+    count = 0
+    for layer in model.sublayers(include_self=True):
+        if need_keep_fp32(layer, dtype):
+            continue
+        for p in layer.parameters(include_sublayers=False):
+            if p.dtype in _FLOAT:
+                setattr(p, O2_PARAM, True)
+                count += 1
+    return count
+
+
+def low_precision_parameters(params) -> list:
+    """The parameters tagged by :func:`mark_o2_parameters` (a GPU keeps their gradients low)."""
+    return [p for p in params if getattr(p, O2_PARAM, False)]
+
+
+@paddle.no_grad()
+def round_parameter_grads(params, dtype: str) -> bool:
+    """Round the gradients of ``params`` to ``dtype`` in place; True if one became non-finite."""
+    bad = False
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        r = g.astype(dtype).astype(g.dtype)
+        bad = bad or not bool(paddle.isfinite(r).all())
+        g.set_value(r)
+    return bad
+
+
+class Emulation:
+    """Settings of one emulated precision; ``with emulation:`` makes the wrapped ops follow them.
+
+    ``depthwise_accumulation`` (default True) accumulates low-precision depthwise convolutions in
+    the format, as Paddle's CUDA kernel does.
+    """
+
+    def __init__(self, level: str, dtype: str, custom_white_list=(), custom_black_list=(),
+                 depthwise_accumulation: bool = True):
         lists_w, lists_b = paddle.amp.white_list()[dtype], paddle.amp.black_list()[dtype]
         self.level, self.dtype = level, dtype
         self.black = {canonical(o) for o in lists_b.get(level, set())} | {canonical(o) for o in custom_black_list}
         white = {canonical(o) for o in lists_w.get(level, set())} | {canonical(o) for o in custom_white_list}
         self.white = white - {canonical(o) for o in custom_black_list}
+        self.black -= {canonical(o) for o in custom_white_list}  # as paddle.amp's _update_list
+        self.depthwise_accumulation = depthwise_accumulation
 
     def mode(self, op: str) -> str:
-        """``white``, ``black`` or ``gray`` (follows inputs) for ``op`` at this level."""
+        """``white``, ``black`` or ``gray`` (follows its inputs) for ``op``, at O1 and O2 alike."""
         if op in self.black:
             return "black"
-        if op in self.white or self.level == "O2":
+        if op in self.white:
             return "white"
         return "gray"
 
+    def _low(self, t):
+        return t if is_low(t) else round_to(t, self.dtype)
+
     def run(self, op: str, fn, args, kwargs):
-        """Call ``fn`` with the rounding Paddle's AMP would apply around ``op``."""
-        mode = self.mode(op)
+        """Call ``fn`` with the precision Paddle's AMP rule picks for ``op``."""
+        if self.level == "O2":  # decorated parameters enter every op as their low-precision copy
+            args = _map_args(args, lambda t: self._low(t) if getattr(t, O2_PARAM, False) else t, False)
         inputs = _float_tensors(args)
-        if mode == "black" or not inputs:
-            return fn(*args, **kwargs)
-        norm = op in NORMS
-        if mode == "gray" and not all(is_low(t) for t in (inputs[:1] if norm else inputs)):
-            return fn(*args, **kwargs)  # promoted to fp32 by an fp32 input
+        mode = self.mode(op)
+        x_only = op in X_ONLY_NORMS
+        if op == "linear" and len(args) == 3 and args[2] is not None:
+            mode = self.mode("matmul")
+            inputs = inputs[:2]
+        low = bool(inputs) and mode != "black" and (
+            mode == "white" or all(is_low(t) for t in (inputs[:1] if x_only else inputs)))
+        return self._compute(op, fn, args, kwargs, x_only) if low else fn(*args, **kwargs)
+
+    def _compute(self, op, fn, args, kwargs, x_only):
+        if op == "linear" and len(args) == 3 and args[2] is not None and not kwargs:
+            # _C_ops.linear is matmul then add, each under the rule (conv2d + bias is the same):
+            # at O1 the fp32 bias promotes the add, so the output is fp32.
+            out = self._compute("matmul", _ORIGINAL["matmul"], [args[0], args[1], False, False], {}, False)
+            return self.run("add", _ORIGINAL["add"], [out, args[2]], {})
         if op in _OUTPUT_GRAD and len(args) == 1 and not kwargs:
-            out = _LowUnary.apply(args[0], fn, op, self.dtype)
-            setattr(out, _TAG, True)
-            return out
-        if mode == "white":
-            args = _map_args(args, lambda t: t if is_low(t) else round_to(t, self.dtype), norm)
+            return _tag(_LowUnary.apply(self._low(args[0]), fn, op, self.dtype))
+        args = _map_args(args, self._low, x_only)
+        if op == "depthwise_conv2d" and self.depthwise_accumulation and not kwargs:
+            out = depthwise_low_accum(args, self.dtype)
+            if out is not None:
+                return _tag(out)
         out = fn(*args, **kwargs)
-        if op in _VALUE_PRESERVING and isinstance(out, paddle.Tensor):
-            setattr(out, _TAG, True)
-            return out
+        keep = op in VALUE_PRESERVING
         if isinstance(out, paddle.Tensor):
-            return round_to(out, self.dtype) if out.dtype in _FLOAT else out
+            return _tag(out) if keep else (round_to(out, self.dtype) if out.dtype in _FLOAT else out)
         if isinstance(out, (tuple, list)) and out:  # norms: only the data output is low precision
-            first = round_to(out[0], self.dtype) if out[0].dtype in _FLOAT else out[0]
-            rest = list(out[1:]) if norm else [round_to(t, self.dtype) if isinstance(t, paddle.Tensor)
-                                                and t.dtype in _FLOAT else t for t in out[1:]]
-            return type(out)([first, *rest]) if isinstance(out, list) else (first, *rest)
+            items = [out[0]] if x_only else list(out)
+            done = [(_tag(t) if keep else round_to(t, self.dtype)) if _is_float(t) else t for t in items]
+            done += list(out[1:]) if x_only else []
+            return type(out)(done) if isinstance(out, list) else tuple(done)
         return out
 
     @contextlib.contextmanager
@@ -200,7 +282,11 @@ def _wrap(op: str, fn):
         emu = getattr(_state, "active", None)
         if emu is None:
             return fn(*args, **kwargs)
-        return emu.run(op, fn, args, kwargs)
+        _state.active = None  # calls made while computing this op are part of it
+        try:
+            return emu.run(op, fn, args, kwargs)
+        finally:
+            _state.active = emu
     wrapper._zoo_original = fn
     return wrapper
 
@@ -219,6 +305,33 @@ def _auto_cast_wrapper(real):
     return auto_cast
 
 
+def _keep_tag(real):
+    """``Tensor._use_gpudnn`` builds a new tensor object (adaptive pooling calls it): keep the tag."""
+    @functools.wraps(real)
+    def use_gpudnn(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if is_low(self) and isinstance(out, paddle.Tensor):
+            setattr(out, _TAG, True)
+        return out
+    use_gpudnn._zoo_original = real
+    return use_gpudnn
+
+
+def _untag_on_fp32_cast(real):
+    """``Tensor.astype`` returns its input when the dtype matches, and emulated tensors are always
+    fp32: a cast to fp32 of a low-precision tensor must still give an fp32 (untagged) tensor."""
+    @functools.wraps(real)
+    def astype(self, dtype):
+        out = real(self, dtype)
+        if out is self and is_low(self) and getattr(_state, "active", None) is not None:
+            return _ORIGINAL_ASSIGN(self)
+        return out
+    astype._zoo_original = real
+    return astype
+
+
+_ORIGINAL_ASSIGN = _C_ops.assign
+_ORIGINAL = {"matmul": _C_ops.matmul, "add": _C_ops.add}
 _installed = False
 
 
@@ -232,5 +345,8 @@ def _install() -> None:
             setattr(_C_ops, op, _wrap(op, getattr(_C_ops, op)))
     for name, op in _DUNDERS.items():
         setattr(paddle.Tensor, name, _wrap(op, getattr(paddle.Tensor, name)))
+    if hasattr(paddle.Tensor, "_use_gpudnn"):
+        paddle.Tensor._use_gpudnn = _keep_tag(paddle.Tensor._use_gpudnn)
+    paddle.Tensor.astype = _untag_on_fp32_cast(paddle.Tensor.astype)
     paddle.amp.auto_cast = _auto_cast_wrapper(paddle.amp.auto_cast)
     _installed = True

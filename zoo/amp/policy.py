@@ -15,12 +15,14 @@ on a device where Paddle's AMP cannot act is never reported as fp16 (``amp.on_un
 from __future__ import annotations
 
 import contextlib
+import inspect
+import io
 import logging
 
 import paddle
 
 from zoo.amp.capability import DeviceInfo
-from zoo.amp.emulation import Emulation
+from zoo.amp.emulation import Emulation, low_precision_parameters, mark_o2_parameters, round_parameter_grads
 from zoo.amp.guard import NumericsGuard
 from zoo.amp.scaler import load_scaler_state, make_grad_scaler, scale_loss
 
@@ -43,6 +45,15 @@ class AmpUnsupportedError(RuntimeError):
 def _check(cond: bool, key: str, expected: str, got) -> None:
     if not cond:
         raise AmpConfigError(f"amp.{key}: expected {expected}, got {got!r}")
+
+
+def _check_master_grad_supported(master_grad: bool) -> None:
+    """Paddle before 2.6 has no ``master_grad`` in ``decorate``: refuse rather than drop the flag
+    silently (PaddleDetection drops it on Paddle >= 2.6 instead; our configs pass it through)."""
+    if master_grad and "master_grad" not in inspect.signature(paddle.amp.decorate).parameters:
+        raise AmpConfigError(f"amp.master_grad: true, but paddle {paddle.__version__}'s "
+                             "paddle.amp.decorate has no master_grad; upgrade Paddle (>= 2.6) or set "
+                             "amp.master_grad=false and accept fp16 gradients")
 
 
 class Amp:
@@ -89,6 +100,7 @@ class Amp:
         self.emulation: Emulation | None = None
         self.guard = NumericsGuard(**dict(guard or {}))
         self.skipped_steps = 0
+        self._low_grads: list = []  # parameters whose gradients are stored low (emulated O2)
 
     # ---- what was asked and what runs -------------------------------------------------------
     @property
@@ -148,7 +160,13 @@ class Amp:
         self.resolve(device)
         if not self.active:
             return model, optimizer
-        if self.level == "O2" and not self.emulated:  # emulation keeps fp32 master params itself
+        if self.level == "O2" and self.emulated:
+            # Emulation keeps fp32 master parameters itself and rounds the ones decorate would cast
+            # wherever they are used; without master_grad their gradients are stored low too.
+            mark_o2_parameters(model, self.dtype)
+            self._low_grads = [] if self.master_grad else low_precision_parameters(model.parameters())
+        elif self.level == "O2":
+            _check_master_grad_supported(self.master_grad)
             # save_dtype float32 keeps checkpoints fp32 whatever the compute dtype (PaddleClas does
             # the same); master_grad accumulates fp32 grads (PaddleDetection PR #8305).
             out = paddle.amp.decorate(
@@ -175,12 +193,20 @@ class Amp:
 
     def step(self, optimizer) -> bool:
         """Unscale, step unless gradients overflowed, update the scale. True if parameters moved."""
+        low = self._low_grads
+        if low:  # O2 without master_grad: the accumulated gradient is stored in the format
+            round_parameter_grads(low, self.dtype)
         if self.scaler is None:
             optimizer.step()
             return True
+        if low:  # GradScaler._unscale multiplies in fp32 and writes back in the grads' dtype
+            self.scaler.unscale_(optimizer)
+            if round_parameter_grads(low, self.dtype):
+                self.scaler._found_inf = paddle.to_tensor(True)
         self.scaler.step(optimizer)
         found_inf = bool(self.scaler._cache_found_inf)  # set by GradScaler.step, Paddle 3.x
-        self.scaler.update()
+        with contextlib.redirect_stdout(io.StringIO()):  # GradScaler prints every decrease;
+            self.scaler.update()                         # the guard logs skips instead
         self.skipped_steps += int(found_inf)
         return not found_inf
 
