@@ -31,7 +31,10 @@ def test_absurd_loss_scale_skips_then_trains_normally(tiny_cfg, tmp_path):
 
 
 def test_consecutive_skips_stop_with_checkpoint_and_names(tiny_cfg, tmp_path):
-    cfg = tiny_cfg("amp=O1", HUGE, "trainer.max_steps=20", "amp.guard.max_consecutive_skips=3")
+    # A static scale never calibrates, so every skip counts (a dynamic one from 2^40 would be
+    # calibrating: see test_calibration_from_an_absurd_scale_is_not_a_failure).
+    cfg = tiny_cfg("amp=O1", HUGE, "amp.use_dynamic_loss_scaling=false", "trainer.max_steps=20",
+                   "amp.guard.max_consecutive_skips=3")
     with pytest.raises(NumericsGuardStop, match="3 consecutive steps skipped") as err:
         train(cfg, tmp_path)
     assert "non-finite gradients in:" in str(err.value) and "checkpoint saved" in str(err.value)
@@ -66,3 +69,41 @@ def test_guard_rejects_bad_settings():
         NumericsGuard(on_min_loss_scale="panic")
     with pytest.raises(ValueError, match="amp.guard.max_consecutive_skips"):
         NumericsGuard(max_consecutive_skips=-1)
+
+
+def test_calibration_from_an_absurd_scale_is_not_a_failure(tiny_cfg, tmp_path):
+    """1e30 needs ~85 halvings to reach a usable scale; the guard must let it get there."""
+    cfg = tiny_cfg("amp=O1", "amp.init_loss_scaling=1e30", "trainer.max_steps=100",
+                   "amp.guard.max_consecutive_skips=10", "trainer.ckpt_every=1000", "trainer.log_every=10")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["steps"] == 100
+    assert 80 <= summary["skipped_steps"] < 100 and summary["final_loss_scale"] <= 65536.0
+    guard = read_metrics(tmp_path / "metrics.jsonl", "guard")
+    assert guard[0].get("calibrating") and guard[0]["consecutive"] == 0
+
+
+def test_guard_stops_paddleocr_static_scale_setup_on_db(tiny_cfg, tmp_path):
+    """PaddleOCR's use_amp O2: no black list, static scale 1.0: DB's exp overflows every step."""
+    cfg = tiny_cfg("model=db_det_tiny", "amp=O2", "amp.custom_black_list=[]",
+                   "amp.use_dynamic_loss_scaling=false", "amp.init_loss_scaling=1.0",
+                   "amp.guard.max_consecutive_skips=3", "trainer.max_steps=8", "model.batch_size=2",
+                   "data.builder.num_train=16", "data.builder.num_val=4", "model.eval_batch_size=4")
+    with pytest.raises(NumericsGuardStop, match="3 consecutive steps skipped"):
+        train(cfg, tmp_path)
+
+
+def test_paddle_skip_print_is_silenced_and_the_console_is_rate_limited(capsys, caplog):
+    guard = NumericsGuard(max_consecutive_skips=0, console_every_s=3600)
+    for step in range(1, 21):
+        guard.after_step(step, False, 2.0 ** (30 - step), ["w"])
+    warned = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warned) == NumericsGuard.CONSOLE_FIRST and len(guard.events) == 20
+    amp = Amp(name="O1", enabled=True, init_loss_scaling=2.0**40)
+    lin = paddle.nn.Linear(2, 1)
+    opt = paddle.optimizer.SGD(0.1, parameters=lin.parameters())
+    lin, opt = amp.setup(lin, opt, DeviceInfo("cpu", "cpu"))
+    with amp.autocast():
+        loss = lin(paddle.full([1, 2], float("inf"))).mean()
+    amp.backward(loss)
+    assert amp.step(opt) is False
+    assert "Found inf or nan" not in capsys.readouterr().out

@@ -5,15 +5,23 @@ shows a DB run whose scale fell to ~1e-30 while training went on producing nothi
 watches what the Amp component reports after every step:
 
 - ``max_consecutive_skips``: that many skipped steps in a row stop the run (0 = never), naming the
-  parameters whose gradients were non-finite on the last one.
+  parameters whose gradients were non-finite on the last one. A dynamic scaler still coming down
+  from a large ``init_loss_scaling`` (1e30 needs ~85 halvings) is calibrating, not failing: skips
+  count only once the scale is at or below ``calibration_ceiling`` (2^16, Paddle's default initial
+  scale), or always when the scale is static (PaddleOCR's ``use_amp`` alone: static 1.0).
 - ``min_loss_scale``: a loss scale below this floor is reported; ``on_min_loss_scale`` is ``stop``
   or ``warn``.
 - ``find_nonfinite_layer``: on a skipped step, name the first layer (in forward order) whose output
   was non-finite. It checks every layer's output each step, so it costs time; turn it on to debug.
+
+Every event goes to metrics.jsonl; the console gets one line per event for the first few, then at
+most one line every ``console_every_s`` seconds saying how many were not shown. Paddle's own
+``Found inf or nan, current scale is ...`` print is silenced by the Amp component in favour of this.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import paddle
@@ -28,13 +36,23 @@ class NumericsGuardStop(FloatingPointError):
 class NumericsGuard:
     """Checks run by the trainer after each optimizer step (see module docstring)."""
 
+    CONSOLE_FIRST = 5  # events printed one by one before rate limiting starts
+
     def __init__(self, max_consecutive_skips: int = 0, min_loss_scale: float = 0.0,
-                 on_min_loss_scale: str = "warn", find_nonfinite_layer: bool = False):
+                 on_min_loss_scale: str = "warn", find_nonfinite_layer: bool = False,
+                 calibration_ceiling: float = 65536.0, console_every_s: float = 10.0):
         if int(max_consecutive_skips) < 0:
             raise ValueError(f"amp.guard.max_consecutive_skips: expected >= 0, got {max_consecutive_skips!r}")
         if on_min_loss_scale not in ("warn", "stop"):
             raise ValueError(f"amp.guard.on_min_loss_scale: expected warn or stop, got {on_min_loss_scale!r}")
+        if not float(calibration_ceiling) > 0:
+            raise ValueError(f"amp.guard.calibration_ceiling: expected a positive number, got {calibration_ceiling!r}")
         self.max_skips = int(max_consecutive_skips)
+        self.ceiling = float(calibration_ceiling)
+        self.console_every = float(console_every_s)
+        self.dynamic = True  # set by the Amp component from use_dynamic_loss_scaling
+        self._console_last = -float("inf")
+        self._console_hidden = 0
         self.min_scale = float(min_loss_scale)
         self.on_min = on_min_loss_scale
         self.find_layer = bool(find_nonfinite_layer)
@@ -71,12 +89,15 @@ class NumericsGuard:
     def after_step(self, step: int, stepped: bool, loss_scale: float | None, bad_params: list[str]) -> list[dict]:
         """Record events for this step; raise :class:`NumericsGuardStop` when a limit is hit."""
         new = []
+        calibrating = self.dynamic and loss_scale is not None and loss_scale > self.ceiling
         if stepped:
             self.consecutive = 0
         else:
-            self.consecutive += 1
+            self.consecutive += 0 if calibrating else 1
             event = {"step": step, "event": "skipped_step", "consecutive": self.consecutive,
                      "loss_scale": loss_scale, "nonfinite_grads": bad_params[:10]}
+            if calibrating:
+                event["calibrating"] = True
             if self._first_bad is not None:
                 event["first_nonfinite_layer"] = self._first_bad
             new.append(event)
@@ -85,6 +106,8 @@ class NumericsGuard:
                         "floor": self.min_scale})
         self.events.extend(new)
         for e in new:
+            if e["event"] == "skipped_step":
+                self._console(e)
             if e["event"] == "loss_scale_below_floor" and self.on_min == "stop":
                 raise NumericsGuardStop(
                     f"step {step}: loss scale {loss_scale:g} fell below amp.guard.min_loss_scale="
@@ -100,6 +123,21 @@ class NumericsGuard:
                 f"(amp.guard.max_consecutive_skips={self.max_skips}); loss scale {loss_scale}; "
                 f"non-finite gradients in: {', '.join(bad_params[:10]) or 'unknown'}{where}")
         return new
+
+
+    def _console(self, e: dict) -> None:
+        """One warning line per skipped step at first, then at most one per console_every_s."""
+        now = time.monotonic()
+        skips = sum(1 for x in self.events if x["event"] == "skipped_step")
+        if skips > self.CONSOLE_FIRST and now - self._console_last < self.console_every:
+            self._console_hidden += 1
+            return
+        more = f" ({self._console_hidden} more skipped steps not shown)" if self._console_hidden else ""
+        why = "calibrating: scale above amp.guard.calibration_ceiling" if e.get("calibrating") else \
+            f"{e['consecutive']} in a row"
+        log.warning("step %d: skipped (non-finite gradients), loss scale now %s, %s%s", e["step"],
+                    e["loss_scale"], why, more)
+        self._console_last, self._console_hidden = now, 0
 
 
 def nonfinite_grads(model) -> list[str]:

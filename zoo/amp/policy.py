@@ -99,6 +99,7 @@ class Amp:
         self.scaler: paddle.amp.GradScaler | None = None
         self.emulation: Emulation | None = None
         self.guard = NumericsGuard(**dict(guard or {}))
+        self.guard.dynamic = bool(use_dynamic_loss_scaling)
         self.skipped_steps = 0
         self._low_grads: list = []  # parameters whose gradients are stored low (emulated O2)
 
