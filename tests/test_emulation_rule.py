@@ -187,3 +187,24 @@ def test_tags_survive_shape_ops_and_adaptive_pooling():
         back = x.astype("float32")     # an explicit cast to fp32 gives fp32
     lost = [k for k, v in outs.items() if not is_low(v)]
     assert not lost and is_low(after) and not is_low(back)
+
+
+def test_fast_fp16_rounding_equals_the_cast_on_every_value_midpoint_and_neighbour():
+    from zoo.amp.depthwise import round_np
+
+    h = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16)          # every finite fp16 >= 0
+    up = np.nextafter(h, np.float16(np.inf)).astype(np.float64)
+    mid = ((h.astype(np.float64) + up) / 2).astype(np.float32)             # ties: round to even
+    vals = np.concatenate([h.astype(np.float32), mid, np.nextafter(mid, np.float32(0)),
+                           np.nextafter(mid, np.float32(np.inf)), np.float32([65519.99, 65520, 1e38, np.inf])])
+    vals = np.concatenate([vals, -vals, np.float32([np.nan])])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = vals.astype(np.float16).astype(np.float32)
+    got = round_np(vals, "float16")
+    np.testing.assert_array_equal(got, ref)
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=100_000) * 10.0 ** rng.integers(-30, 30, 100_000)).astype(np.float32)
+    ties = (rng.integers(0, 2**15, 1000).astype(np.uint32) << 16 | 0x8000).view(np.float32)  # exact ties
+    x = np.concatenate([x, ties[np.isfinite(ties)]])
+    paddle_bf16 = paddle.to_tensor(x).astype("bfloat16").astype("float32").numpy()  # Paddle's own cast
+    np.testing.assert_array_equal(round_np(x, "bfloat16"), paddle_bf16)

@@ -29,14 +29,40 @@ import paddle
 from paddle.autograd import PyLayer
 
 
-def round_np(a: np.ndarray, dtype: str) -> np.ndarray:
-    """``a`` (float32) rounded to fp16 or bf16 (round to nearest even) and returned as float32."""
-    if dtype == "float16":
-        return a.astype(np.float16).astype(np.float32)
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    out = rounded.view(np.float32)
-    return np.where(np.isnan(a), a, out)
+_EXP = np.uint32(0x7F800000)
+FP16_MAX = 65504.0
+
+
+def round_np(a: np.ndarray, dtype: str, overflow: bool = True) -> np.ndarray:
+    """``a`` (float32) rounded to fp16 or bf16 (round to nearest even), returned as float32.
+
+    fp16 uses the magic-number trick: adding ``m = 1.5 * 2**(e + 13)`` (``2**e <= |a|``, at least
+    ``0.75`` so subnormals get the fixed quantum 2**-24) moves ``a`` to where float32's own
+    spacing is fp16's, so the hardware's round-to-nearest-even does the work; ``(a + m) - m`` is
+    exact afterwards. Equal to ``a.astype(float16).astype(float32)`` on every fp16 value, midpoint
+    and neighbour (tests), except that -0 comes back as +0; 2-3x faster, which matters here.
+    ``overflow=False`` skips the check for values beyond 65504 when the caller has bounded them.
+    """
+    a = np.asarray(a, dtype=np.float32)
+    if dtype != "float16":
+        bits = np.ascontiguousarray(a).view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return np.where(np.isnan(a), a, rounded.view(np.float32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = (np.ascontiguousarray(a).view(np.uint32) & _EXP).view(np.float32)
+        m *= np.float32(12288.0)
+        np.maximum(m, np.float32(0.75), out=m)
+        r = a + m
+        r -= m
+        if overflow and not np.abs(r).max(initial=0.0) <= FP16_MAX:  # also catches NaN
+            r = np.where(np.abs(a) >= np.float32(65520.0), np.copysign(np.float32(np.inf), a), r)
+            r = np.where(np.isnan(a), a, r)
+    return r
+
+
+def _fits(bound: float) -> bool:
+    """True when no value of a computation bounded by ``bound`` can reach fp16's overflow."""
+    return bound * 1.01 < FP16_MAX
 
 
 def _block_size(width: int) -> int:
@@ -91,19 +117,22 @@ class Geometry:
 
 def forward_np(x: np.ndarray, w: np.ndarray, g: Geometry, dtype: str) -> np.ndarray:
     xp = g.pad(x)
-    acc = np.zeros((g.n, g.c, g.ho, g.wo), np.float32)
+    check = not _fits(float(np.abs(w).sum(axis=(1, 2, 3)).max(initial=0.0)) * float(np.abs(x).max(initial=0.0)))
+    acc = None
     for i, j in g.taps():
         rows, cols = g.view(xp, i, j)
-        acc = round_np(acc + round_np(xp[:, :, rows, cols] * w[None, :, 0, i, j, None, None], dtype), dtype)
+        prod = round_np(xp[:, :, rows, cols] * w[None, :, 0, i, j, None, None], dtype, check)
+        acc = prod if acc is None else round_np(acc + prod, dtype, check)  # 0 + p needs no rounding
     return acc
 
 
 def input_grad_np(dy: np.ndarray, w: np.ndarray, g: Geometry, dtype: str) -> np.ndarray:
     gp = np.zeros((g.n, g.c, g.h + g.pt + g.pb, g.w + g.pl + g.pr), np.float32)
+    check = not _fits(float(np.abs(w).sum(axis=(1, 2, 3)).max(initial=0.0)) * float(np.abs(dy).max(initial=0.0)))
     for i, j in reversed(g.taps()):
         rows, cols = g.view(gp, i, j)
         gp[:, :, rows, cols] = round_np(
-            gp[:, :, rows, cols] + round_np(dy * w[None, :, 0, i, j, None, None], dtype), dtype)
+            gp[:, :, rows, cols] + round_np(dy * w[None, :, 0, i, j, None, None], dtype, check), dtype, check)
     return gp[:, :, g.pt:g.pt + g.h, g.pl:g.pl + g.w]
 
 
@@ -112,7 +141,8 @@ def filter_grad_np(dy: np.ndarray, x: np.ndarray, g: Geometry, dtype: str) -> np
     bdy = min(max(_block_size(g.wo) // g.wo, 1), g.ho)
     xp = g.pad(x)
     # products[c, tap, n, ho, wo], each rounded (fp16 multiply)
-    prods = np.stack([round_np(dy * xp[:, :, r, s], dtype).transpose(1, 0, 2, 3)
+    check = not _fits(float(np.abs(dy).max(initial=0.0)) * float(np.abs(x).max(initial=0.0)))
+    prods = np.stack([round_np(dy * xp[:, :, r, s], dtype, check).transpose(1, 0, 2, 3)
                       for r, s in (g.view(xp, i, j) for i, j in g.taps())], axis=1)
     prods = _pad_to(_pad_to(prods, 3, bdy), 4, bdx)
     c, k, n, hp, wp = prods.shape
