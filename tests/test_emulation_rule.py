@@ -208,3 +208,25 @@ def test_fast_fp16_rounding_equals_the_cast_on_every_value_midpoint_and_neighbou
     x = np.concatenate([x, ties[np.isfinite(ties)]])
     paddle_bf16 = paddle.to_tensor(x).astype("bfloat16").astype("float32").numpy()  # Paddle's own cast
     np.testing.assert_array_equal(round_np(x, "bfloat16"), paddle_bf16)
+
+
+@pytest.mark.parametrize("forward,backward", [(True, False), (False, True), (False, False)])
+def test_ablation_switches_round_only_what_they_say(forward, backward):
+    x = paddle.to_tensor(np.array([[1.0 + 2**-12]], np.float32), stop_gradient=False)
+    w = paddle.to_tensor(np.array([[1.0]], np.float32), stop_gradient=False)
+    with Emulation("O1", "float16", forward=forward, backward=backward)():
+        y = paddle.matmul(x, w)  # white: inputs and output rounded (when forward is on)
+    (y * (1.0 + 2**-12)).sum().backward()  # incoming gradient 1 + 2^-12: fp16 rounds it to 1
+    assert is_low(y)
+    assert (y.numpy().item() == 1.0) == forward
+    assert (x.grad.numpy().item() == 1.0) == backward
+    amp = Amp(name="O1", enabled=True, emulation={"forward": forward, "backward": backward})
+    amp.resolve(CPU)
+    assert amp.effective.startswith("emulated-fp16-O1-ablation-")
+
+
+def test_unknown_emulation_switch_is_refused():
+    from zoo.amp import AmpConfigError
+
+    with pytest.raises(AmpConfigError, match="amp.emulation"):
+        Amp(name="O1", enabled=True, emulation={"forwards": False})

@@ -64,7 +64,7 @@ def check(cfg) -> tuple[object, str]:
     def forward(model):
         return task.losses(model, batch)
 
-    emulation = Emulation(amp.level, amp.dtype, amp.white, amp.black)
+    emulation = Emulation(amp.level, amp.dtype, amp.white, amp.black, **amp.emulation_options)
     p_calls, p_low = conf.paddle_trace(fresh_model(), forward, amp.level, amp.dtype, amp.white, amp.black)
     e_calls, e_low = conf.emulation_trace(fresh_model(), forward, emulation)
     stored_low = (p_low if not amp.master_grad else 0, e_low if not amp.master_grad else 0)

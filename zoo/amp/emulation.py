@@ -104,21 +104,50 @@ def _tag(t):
     return t
 
 
+def _cast2(x, dtype, on=True):
+    return x.astype(dtype).astype(x.dtype) if on else x
+
+
 class _LowUnary(PyLayer):
     """y = round(f(round(x))) whose gradient is round(round(g) * f'(from the rounded y))."""
 
     @staticmethod
-    def forward(ctx, x, fn, op, dtype):
-        y = fn(x.astype(dtype).astype(x.dtype)).astype(dtype).astype(x.dtype)
+    def forward(ctx, x, fn, op, dtype, fwd=True, bwd=True):
+        y = _cast2(fn(_cast2(x, dtype, fwd)), dtype, fwd)
         ctx.save_for_backward(y)
-        ctx.op, ctx.dtype = op, dtype
+        ctx.op, ctx.dtype, ctx.bwd = op, dtype, bwd
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensor()
-        g = grad.astype(ctx.dtype).astype(grad.dtype)
-        return (g * _OUTPUT_GRAD[ctx.op](y)).astype(ctx.dtype).astype(grad.dtype)
+        g = _cast2(grad, ctx.dtype, ctx.bwd)
+        return _cast2(g * _OUTPUT_GRAD[ctx.op](y), ctx.dtype, ctx.bwd)
+
+
+class _RoundForward(PyLayer):
+    """Ablation: the value rounded, its gradient passed through unrounded."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        return _cast2(x, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _RoundBackward(PyLayer):
+    """Ablation: the value kept, its gradient rounded."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _cast2(grad, ctx.dtype)
 
 
 def is_low(x) -> bool:
@@ -191,18 +220,37 @@ class Emulation:
     """Settings of one emulated precision; ``with emulation:`` makes the wrapped ops follow them.
 
     ``depthwise_accumulation`` (default True) accumulates low-precision depthwise convolutions in
-    the format, as Paddle's CUDA kernel does.
+    the format, as Paddle's CUDA kernel does. ``forward`` / ``backward`` (default True) are for
+    ablations only: with one of them off, values (forward) or gradients (backward) are not rounded,
+    while the op rule, the tags and loss scaling stay; the depthwise accumulation then needs both.
     """
 
     def __init__(self, level: str, dtype: str, custom_white_list=(), custom_black_list=(),
-                 depthwise_accumulation: bool = True):
+                 depthwise_accumulation: bool = True, forward: bool = True, backward: bool = True):
         lists_w, lists_b = paddle.amp.white_list()[dtype], paddle.amp.black_list()[dtype]
         self.level, self.dtype = level, dtype
         self.black = {canonical(o) for o in lists_b.get(level, set())} | {canonical(o) for o in custom_black_list}
         white = {canonical(o) for o in lists_w.get(level, set())} | {canonical(o) for o in custom_white_list}
         self.white = white - {canonical(o) for o in custom_black_list}
         self.black -= {canonical(o) for o in custom_white_list}  # as paddle.amp's _update_list
-        self.depthwise_accumulation = depthwise_accumulation
+        self.forward, self.backward = bool(forward), bool(backward)
+        self.depthwise_accumulation = depthwise_accumulation and self.forward and self.backward
+
+    @property
+    def faithful(self) -> bool:
+        """False for the ablation settings (some rounding switched off)."""
+        return self.forward and self.backward
+
+    def _round(self, t):
+        if self.faithful:
+            return round_to(t, self.dtype)
+        if self.forward:
+            out = _RoundForward.apply(t, self.dtype)
+        elif self.backward:
+            out = _RoundBackward.apply(t, self.dtype)
+        else:
+            out = _ORIGINAL_ASSIGN(t)
+        return _tag(out)
 
     def mode(self, op: str) -> str:
         """``white``, ``black`` or ``gray`` (follows its inputs) for ``op``, at O1 and O2 alike."""
@@ -213,7 +261,7 @@ class Emulation:
         return "gray"
 
     def _low(self, t):
-        return t if is_low(t) else round_to(t, self.dtype)
+        return t if is_low(t) else self._round(t)
 
     def run(self, op: str, fn, args, kwargs):
         """Call ``fn`` with the precision Paddle's AMP rule picks for ``op``."""
@@ -236,7 +284,7 @@ class Emulation:
             out = self._compute("matmul", _ORIGINAL["matmul"], [args[0], args[1], False, False], {}, False)
             return self.run("add", _ORIGINAL["add"], [out, args[2]], {})
         if op in _OUTPUT_GRAD and len(args) == 1 and not kwargs:
-            return _tag(_LowUnary.apply(self._low(args[0]), fn, op, self.dtype))
+            return _tag(_LowUnary.apply(self._low(args[0]), fn, op, self.dtype, self.forward, self.backward))
         args = _map_args(args, self._low, x_only)
         if op == "depthwise_conv2d" and self.depthwise_accumulation and not kwargs:
             out = depthwise_low_accum(args, self.dtype)
@@ -245,10 +293,10 @@ class Emulation:
         out = fn(*args, **kwargs)
         keep = op in VALUE_PRESERVING
         if isinstance(out, paddle.Tensor):
-            return _tag(out) if keep else (round_to(out, self.dtype) if out.dtype in _FLOAT else out)
+            return _tag(out) if keep else (self._round(out) if out.dtype in _FLOAT else out)
         if isinstance(out, (tuple, list)) and out:  # norms: only the data output is low precision
             items = [out[0]] if x_only else list(out)
-            done = [(_tag(t) if keep else round_to(t, self.dtype)) if _is_float(t) else t for t in items]
+            done = [(_tag(t) if keep else self._round(t)) if _is_float(t) else t for t in items]
             done += list(out[1:]) if x_only else []
             return type(out)(done) if isinstance(out, list) else tuple(done)
         return out

@@ -70,7 +70,8 @@ class Amp:
                  init_loss_scaling: float = 65536.0, incr_ratio: float = 2.0,
                  decr_ratio: float = 0.5, incr_every_n_steps: int = 2000,
                  decr_every_n_nan_or_inf: int = 1, use_dynamic_loss_scaling: bool = True,
-                 on_unsupported: str = "emulate", guard: dict | None = None):
+                 on_unsupported: str = "emulate", guard: dict | None = None,
+                 emulation: dict | None = None):
         _check(isinstance(enabled, bool), "enabled", "true or false", enabled)
         _check(level in LEVELS, "level", f"one of {', '.join(LEVELS)}", level)
         _check(dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}", dtype)
@@ -94,6 +95,11 @@ class Amp:
                                 decr_every_n_nan_or_inf=int(decr_every_n_nan_or_inf),
                                 use_dynamic_loss_scaling=bool(use_dynamic_loss_scaling))
         self.on_unsupported = on_unsupported
+        self.emulation_options = dict(emulation or {})
+        unknown = set(self.emulation_options) - {"forward", "backward", "depthwise_accumulation"}
+        _check(not unknown, "emulation", "keys forward, backward, depthwise_accumulation", sorted(unknown))
+        for key, value in self.emulation_options.items():
+            _check(isinstance(value, bool), f"emulation.{key}", "true or false", value)
         self.effective = "fp32"
         self.reason = "AMP not requested"
         self.scaler: paddle.amp.GradScaler | None = None
@@ -134,8 +140,11 @@ class Amp:
                                       "(amp.on_unsupported=error). Set amp.on_unsupported=fp32 to "
                                       "run FP32 and record it, or use amp=fp32.")
         else:
-            self.emulation = Emulation(self.level, self.dtype, self.white, self.black)
+            self.emulation = Emulation(self.level, self.dtype, self.white, self.black, **self.emulation_options)
             self.effective = f"emulated-{self.requested}"
+            if not self.emulation.faithful:  # an ablation is never reported as the precision itself
+                kept = [k for k in ("forward", "backward") if getattr(self.emulation, k)] or ["none"]
+                self.effective += f"-ablation-{'+'.join(kept)}-rounding"
             what = "rounding, overflow and loss scaling" if self.dtype == "float16" else "rounding"
             self.reason = (f"{why}; amp.on_unsupported=emulate: {self.dtype} {what} emulated in FP32 "
                            "arithmetic (the numbers of AMP, not its speed)")
@@ -146,6 +155,9 @@ class Amp:
         line = f"precision: requested {self.requested}, effective {self.effective} on {device.name}"
         if self.requested != self.effective or not self.active:
             line += f" ({self.reason})"
+        if self.active and self.level == "O2":
+            line += ("; parameter gradients fp32 (amp.master_grad=true)" if self.master_grad else
+                     f"; parameter gradients stored in {_SHORT[self.dtype]} (amp.master_grad=false)")
         if self.scaler is not None:
             a = self.scaler_args
             line += (f"; loss scale {a['init_loss_scaling']:g}"
@@ -165,7 +177,8 @@ class Amp:
             # Emulation keeps fp32 master parameters itself and rounds the ones decorate would cast
             # wherever they are used; without master_grad their gradients are stored low too.
             mark_o2_parameters(model, self.dtype)
-            self._low_grads = [] if self.master_grad else low_precision_parameters(model.parameters())
+            stored_low = not self.master_grad and self.emulation.backward
+            self._low_grads = low_precision_parameters(model.parameters()) if stored_low else []
         elif self.level == "O2":
             _check_master_grad_supported(self.master_grad)
             # save_dtype float32 keeps checkpoints fp32 whatever the compute dtype (PaddleClas does
