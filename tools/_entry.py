@@ -21,11 +21,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (config, data, checkpoints): shown as one clear line, exit status 2."""
     from zoo.amp import AmpConfigError, AmpUnsupportedError
     from zoo.amp.guard import NumericsGuardStop
+    from zoo.data import SampleLoadError
     from zoo.engine.checkpoint import CheckpointError
     from zoo.engine.run import ConfigError
     from zoo.models import UnknownModelError
     return (ConfigError, AmpConfigError, AmpUnsupportedError, CheckpointError, UnknownModelError,
-            NumericsGuardStop, FileNotFoundError, ValueError)
+            NumericsGuardStop, SampleLoadError, FileNotFoundError, ValueError)
 
 
 def report_error(err: BaseException) -> int:

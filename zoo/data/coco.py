@@ -29,6 +29,7 @@ import numpy as np
 import paddle
 
 from .classification import read_image_rgb
+from .images import ImageDecodeError, verify_image_file
 from .det_box_transforms import INTERPOLATIONS, MEAN, STD, BoxEvalTransform, BoxTrainTransform, pad_targets, \
     resize_batch
 
@@ -123,12 +124,14 @@ def _check_bbox(ann: dict, where: str) -> list[float]:
 
 
 def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_empty: bool = False,
-                        keep_gt: bool = False) -> CocoInstances:
+                        keep_gt: bool = False, verify_images: bool = False) -> CocoInstances:
     """Read a COCO instances json; image files are looked up under ``image_root``.
 
     ``bad_samples="fail"`` raises at the first problem; ``"skip"`` leaves out the
     affected image (or an annotation of an unknown image) and lists the message
-    in ``skipped``.  Images without boxes are kept only if ``allow_empty``.
+    in ``skipped``.  Images without boxes are kept only if ``allow_empty``.  ``verify_images``
+    checks each kept image file is complete and has the json's width and height (header and end
+    marker only, see :func:`zoo.data.images.verify_image_file`).
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -204,6 +207,12 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             problem(f"{where}: image file {file} not found (file_name under image root {image_root})",
                     FileNotFoundError)
             continue
+        if verify_images:
+            try:
+                verify_image_file(file, (img["height"], img["width"]))
+            except (OSError, ImageDecodeError) as e:
+                problem(f"{where}: {e}")
+                continue
         if not boxes and not allow_empty:
             out.num_empty_dropped += 1
             continue
@@ -323,7 +332,8 @@ class COCODetData:
                  val_images: str = "val2017", image_size: int = 640, eval_size: int = 640,
                  multiscale=PPYOLOE_MULTISCALE, max_boxes: int = 100, allow_empty: bool = False,
                  bad_samples: str = "fail", flip: float = 0.5, distort: float = 0.5, expand: float = 0.5,
-                 expand_ratio: float = 4.0, crop: float = 1.0, mean=MEAN, std=STD, channel_order: str = "RGB"):
+                 expand_ratio: float = 4.0, crop: float = 1.0, mean=MEAN, std=STD, channel_order: str = "RGB",
+                 verify_images: bool = True):
         if bad_samples not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
         if channel_order not in ("BGR", "RGB"):
@@ -336,6 +346,7 @@ class COCODetData:
         self.files = {"train": (train_ann, train_images), "val": (val_ann, val_images)}
         self.multiscale = tuple(int(s) for s in multiscale) if multiscale is not None else None
         self.max_boxes, self.allow_empty, self.bad_samples = int(max_boxes), bool(allow_empty), bad_samples
+        self.verify_images = bool(verify_images)
         bgr = channel_order == "BGR"
         self.train_transform = BoxTrainTransform(image_size, flip, distort, expand, expand_ratio, crop,
                                                  mean=mean, std=std, bgr=bgr)
@@ -361,7 +372,8 @@ class COCODetData:
         if split not in self._loaded:
             ann, images = self.paths(split)
             train = split == "train"
-            inst = load_coco_instances(ann, images, self.bad_samples, self.allow_empty or not train, not train)
+            inst = load_coco_instances(ann, images, self.bad_samples, self.allow_empty or not train, not train,
+                                       self.verify_images)
             if inst.skipped:
                 log.warning("data: skipped %d problems in %s (data.builder.bad_samples=skip); first: %s",
                             len(inst.skipped), ann, "; ".join(inst.skipped[:3]))

@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 
 from .classification import read_image_rgb
+from .images import ImageDecodeError, verify_image_file
 from .det_transforms import DetEvalTransform, DetTrainTransform
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
@@ -86,19 +87,22 @@ def parse_det_label_line(line: str, where: str) -> tuple[str, np.ndarray, np.nda
 
 
 def _verify_image(path: Path, where: str) -> None:
-    import cv2
+    # A reduced decode reads the whole file but builds a 1/8 image: cheap. It does not catch a
+    # truncated JPEG (OpenCV only warns), so the file's end marker is checked as well.
+    try:
+        verify_image_file(path, decode=True)
+    except (OSError, ImageDecodeError) as e:
+        raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
 
-    # A reduced decode reads the whole file but builds a 1/8 image: cheap, and catches truncation.
-    if not path.is_file() or cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8) is None:
-        raise OSError(f"{where}: image {path} is missing or cannot be decoded")
 
-
-def load_det_labels(path, bad_samples: str = "fail", image_root=None) -> tuple[list, list[str]]:
+def load_det_labels(path, bad_samples: str = "fail", image_root=None,
+                    line_numbers: list | None = None) -> tuple[list, list[str]]:
     """Read a label file under a bad-sample policy, optionally checking every image decodes.
 
     ``bad_samples="fail"`` raises at the first bad line or image (before training starts);
     ``"skip"`` leaves such samples out and returns their messages (file:line and reason) so the
-    caller can count and report them. Returns ``(samples, problems)``.
+    caller can count and report them. Returns ``(samples, problems)``; the label-file line of
+    each sample is appended to ``line_numbers`` when a list is given.
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -119,6 +123,8 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None) -> tuple[l
                 problems.append(str(e))
                 continue
             samples.append(sample)
+            if line_numbers is not None:
+                line_numbers.append(lineno)
     return samples, problems
 
 
@@ -153,7 +159,7 @@ class TextDetDataset(paddle.io.Dataset):
 
     def __init__(self, root, label_file, split: str, seed: int, crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128, samples=None,
-                 channel_order: str = "BGR", **aug):
+                 channel_order: str = "BGR", line_numbers=None, **aug):
         super().__init__()
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
@@ -178,6 +184,8 @@ class TextDetDataset(paddle.io.Dataset):
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.polys = np.concatenate([p for _, p, _ in samples] or [np.zeros((0, 4, 2), np.float32)])
         self.ignore = np.concatenate([g for _, _, g in samples] or [np.zeros(0, bool)])
+        # Label-file line of each sample, so a load error at training time names it.
+        self.lines = np.asarray(line_numbers, np.int64) if line_numbers is not None else None
         if self.train:
             self.transform = DetTrainTransform(crop_size, **aug)
         else:  # only the normalisation settings apply to eval
@@ -203,7 +211,9 @@ class TextDetDataset(paddle.io.Dataset):
         try:
             img = read_image_rgb(self.path(index))
         except (OSError, ValueError) as e:
-            raise type(e)(f"{e} (listed in {self.label_file}, index {index})") from None
+            where = f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
+                else f"{self.label_file} (sample {index})"
+            raise type(e)(f"{where}: {e}") from None
         if self.bgr:
             img = np.ascontiguousarray(img[..., ::-1])
         polys, ignore = self.annotations(index)
@@ -249,6 +259,7 @@ class TextDetData:
             raise ValueError(f"max_polys must be >= 1, got {max_polys}")
         self.max_polys, self.aug = int(max_polys), dict(aug)
         self._samples: dict[str, list] = {}
+        self._lines: dict[str, list[int]] = {}
         # Fail early on bad transform settings rather than at the first batch.
         DetTrainTransform(self.crop_size, **self.aug)
         DetEvalTransform(self.eval_size)
@@ -273,13 +284,15 @@ class TextDetData:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""
         path = self.label_path(split)
         if split not in self._samples:
+            lines: list[int] = []
             samples, problems = load_det_labels(path, self.bad_samples,
-                                                self.root if self.verify_images else None)
+                                                self.root if self.verify_images else None, lines)
             if problems:
                 log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip); first: %s",
                             len(problems), len(problems) + len(samples), path, "; ".join(problems[:3]))
             if not samples:
                 raise ValueError(f"{path}: no usable samples ({len(problems)} skipped)")
-            self._samples[split], self.skipped[split] = samples, problems
+            self._samples[split], self.skipped[split], self._lines[split] = samples, problems, lines
         return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
-                              samples=self._samples[split], channel_order=self.channel_order, **self.aug)
+                              samples=self._samples[split], channel_order=self.channel_order,
+                              line_numbers=self._lines[split], **self.aug)
