@@ -1,6 +1,7 @@
 """Shared start-up for the Hydra entry points: import path, resolvers, clean user errors."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -29,17 +30,54 @@ def user_errors() -> tuple[type[BaseException], ...]:
             NumericsGuardStop, SampleLoadError, FileNotFoundError, ValueError)
 
 
+def _message(err: BaseException) -> str:
+    """One line for a user error: OmegaConf errors get their key in front, OSErrors their file."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(err, OmegaConfBaseException):
+        key = getattr(err, "full_key", None)
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return f"{key}: {first}" if key and not first.startswith(str(key)) else first
+    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError) and err.strerror:
+        name = f" {err.filename}" if err.filename else ""
+        return f"cannot write or read{name}: {err.strerror} [errno {errno.errorcode.get(err.errno, err.errno)}]"
+    return str(err)
+
+
 def report_error(err: BaseException) -> int:
     """Print ``error: ...`` and return exit status 2 (re-raise for a traceback with HYDRA_FULL_ERROR=1)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    print(f"error: {err}", file=sys.stderr, flush=True)
+    print(f"error: {_message(err)}", file=sys.stderr, flush=True)
     return 2
 
 
+# Errors of the machine rather than the code: a full disk, a read-only or forbidden folder.
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def run_or_exit(fn, *args):
-    """``fn(*args)``; an input error (see :func:`user_errors`) becomes one ``error:`` line and exit 2."""
+    """``fn(*args)``; an input error (see :func:`user_errors`) becomes one ``error:`` line and exit 2.
+
+    A full disk (or an unwritable folder) is reported the same way, naming the file. Training
+    stopped by Ctrl-C or SIGTERM prints one line (where it stopped, the checkpoint, how to resume)
+    and exits 130 / 143.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from zoo.engine.signals import TrainingInterrupted
+
     try:
         return fn(*args)
-    except user_errors() as err:
+    except TrainingInterrupted as stop:
+        print(stop, file=sys.stderr, flush=True)
+        sys.exit(stop.exit_status)
+    except KeyboardInterrupt:
+        print("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)", file=sys.stderr, flush=True)
+        sys.exit(130)
+    except (*user_errors(), OmegaConfBaseException) as err:
+        sys.exit(report_error(err))
+    except OSError as err:
+        if err.errno not in _ENVIRONMENT_ERRNOS:
+            raise
         sys.exit(report_error(err))

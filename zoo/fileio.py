@@ -6,6 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def with_filename(err: OSError, path) -> OSError:
+    """``err`` naming ``path`` (a failed ``write()`` on a full disk carries no file name)."""
+    if err.filename:
+        return err
+    return type(err)(err.errno, err.strerror or str(err), str(path))
+
+
 def atomic_write(path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` on a temporary sibling of ``path``, fsync it, then rename it into place.
 
@@ -19,6 +26,8 @@ def atomic_write(path, write: Callable[[Path], None]) -> Path:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise with_filename(e, path) from e
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -24,6 +24,7 @@ from zoo.engine import distributed as dist
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import git_revision, peak_memory_mb, write_json
 from zoo.engine.trainer import Trainer, TrainerSettings
+from zoo.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,24 @@ def _positive_int(cfg: DictConfig, key: str) -> int:
     return value
 
 
+def _missing_keys(node, prefix: str = "") -> list[str]:
+    """Keys still ``???`` (read unresolved: resolving an interpolation to one would raise)."""
+    if isinstance(node, dict):
+        return [k for key, v in node.items() for k in _missing_keys(v, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [k for i, v in enumerate(node) for k in _missing_keys(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if node == "???" else []
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks Hydra cannot make (unknown keys and group choices Hydra already rejects)."""
+    missing = _missing_keys(OmegaConf.to_container(cfg, resolve=False))
+    if missing:
+        raise ConfigError(f"{missing[0]}: missing mandatory value; set it on the command line "
+                          f"({missing[0]}=...){'; also missing: ' + ', '.join(missing[1:]) if missing[1:] else ''}")
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed: expected a non-negative integer, got {seed!r}")
     _positive_int(cfg, "model.batch_size")
     _positive_int(cfg, "model.eval_batch_size")
     if cfg.model.net.get("name") not in zoo.list_models():
@@ -133,7 +150,7 @@ def train(cfg: DictConfig, out_dir: str | Path) -> dict:
     amp = info["amp"]
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(trainer.config_yaml)
+        atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
         print(amp.describe(info["device_info"]), flush=True)
     result = trainer.fit()
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import paddle
 
+from zoo.fileio import with_filename
+
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -55,5 +57,9 @@ def run_stamp() -> str:
 def write_json(path: Path, obj: dict) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise with_filename(e, path) from e
