@@ -25,9 +25,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from zoo.data import SampleLoadError
     from zoo.engine.checkpoint import CheckpointError
     from zoo.engine.run import ConfigError
+    from zoo.engine.runlock import RunFolderBusy
     from zoo.models import UnknownModelError
     return (ConfigError, AmpConfigError, AmpUnsupportedError, CheckpointError, UnknownModelError,
-            NumericsGuardStop, SampleLoadError, FileNotFoundError, ValueError)
+            NumericsGuardStop, SampleLoadError, RunFolderBusy, FileNotFoundError, ValueError)
 
 
 def _message(err: BaseException) -> str:
@@ -56,6 +57,32 @@ def report_error(err: BaseException) -> int:
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+def remove_failed_start() -> None:
+    """Delete the Hydra run folder of a run that failed before writing anything of its own.
+
+    Hydra creates it (``.hydra/`` and ``<job>.log``) before the job starts; an error at start-up
+    would otherwise leave an empty-looking folder per attempt under outputs/. Folders holding
+    anything else are kept; emptied parents inside the working directory go too.
+    """
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    out = Path(HydraConfig.get().runtime.output_dir).resolve()
+    if not out.is_dir():
+        return
+    names = [p.name for p in out.iterdir()]
+    if any(n != ".hydra" and not (n.endswith(".log") and (out / n).is_file()) for n in names):
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), out.parent
+    while parent != cwd and cwd in parent.parents and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
 def run_or_exit(fn, *args):
     """``fn(*args)``; an input error (see :func:`user_errors`) becomes one ``error:`` line and exit 2.
 
@@ -73,10 +100,14 @@ def run_or_exit(fn, *args):
         print(stop, file=sys.stderr, flush=True)
         sys.exit(stop.exit_status)
     except KeyboardInterrupt:
-        print("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)", file=sys.stderr, flush=True)
+        print("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)",
+              file=sys.stderr, flush=True)
+        remove_failed_start()
         sys.exit(130)
     except (*user_errors(), OmegaConfBaseException) as err:
-        sys.exit(report_error(err))
+        status = report_error(err)
+        remove_failed_start()
+        sys.exit(status)
     except OSError as err:
         if err.errno not in _ENVIRONMENT_ERRNOS:
             raise

@@ -23,6 +23,7 @@ from zoo.amp import current_device
 from zoo.engine import distributed as dist
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import git_revision, peak_memory_mb, write_json
+from zoo.engine.runlock import RunLock
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.fileio import atomic_write
 
@@ -143,9 +144,17 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
 
 
 def train(cfg: DictConfig, out_dir: str | Path) -> dict:
-    """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json."""
-    t0 = time.time()
+    """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
+
+    The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`).
+    """
     out_dir = Path(out_dir)
+    with RunLock(out_dir, enabled=dist.is_main()):
+        return _train(cfg, out_dir)
+
+
+def _train(cfg: DictConfig, out_dir: Path) -> dict:
+    t0 = time.time()
     trainer, info = build_trainer(cfg, out_dir)
     amp = info["amp"]
     if dist.is_main():
