@@ -85,3 +85,34 @@ def test_failed_start_from_the_command_line_leaves_no_outputs_folder(tmp_path):
     (tmp_path / "outputs" / "keep").mkdir(parents=True)  # someone else's: the parent stays
     out = run_tool([str(ROOT / "tools" / "train.py"), *TINY, "seed=-1"], tmp_path)
     assert out.returncode == 2 and [p.name for p in (tmp_path / "outputs").iterdir()] == ["keep"]
+
+
+def test_resume_refuses_changed_settings_and_lists_them(tiny_cfg, tmp_path):
+    from zoo.engine.checkpoint import CheckpointError
+
+    run = tmp_path / "runs" / "a"
+    train(tiny_cfg("trainer.max_steps=2"), run)
+    (run / "summary.json").unlink()  # as if killed after its last checkpoint
+    before = (run / "checkpoints" / "last.pdckpt").read_bytes()
+    with pytest.raises(CheckpointError) as err:
+        train(tiny_cfg("trainer.max_steps=4", "trainer.resume=auto", "model.batch_size=8", "optim.lr=0.5"),
+              tmp_path / "runs" / "b")
+    msg = str(err.value)
+    assert "model.batch_size: 16 -> 8" in msg and "optim.lr:" in msg and "-> 0.5" in msg
+    assert "trainer.max_steps" not in msg and "trainer.resume:" not in msg  # safe to change: not listed
+    assert "trainer.resume_allow_changes=true" in msg
+    assert (run / "checkpoints" / "last.pdckpt").read_bytes() == before
+
+    summary = train(tiny_cfg("trainer.max_steps=4", "trainer.resume=auto", "model.batch_size=8",
+                             "trainer.resume_allow_changes=true", "trainer.log_every=2"), tmp_path / "runs" / "b")
+    assert summary["resumed_from"].endswith("a/checkpoints/last.pdckpt") and summary["steps"] == 4
+    changes = summary["resume_changes"]
+    assert changes["overridden"] == {"model.batch_size": [16, 8]}
+    assert changes["safe"]["trainer.log_every"] == [1, 2] and changes["safe"]["trainer.max_steps"] == [2, 4]
+
+
+def test_resume_with_the_same_settings_records_no_changes(tiny_cfg, tmp_path):
+    train(tiny_cfg("trainer.max_steps=2"), tmp_path)
+    summary = train(tiny_cfg("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)
+    assert summary["resume_changes"] == {"safe": {"trainer.resume": [None, "auto"]}, "overridden": {},
+                                         "checked": True}

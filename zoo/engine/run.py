@@ -179,7 +179,8 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
-        "resumed_from": result["resumed_from"], "param_digests": digests,
+        "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
+        "param_digests": digests,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
     }

@@ -45,6 +45,7 @@ class TrainerSettings:
     eval_every: int = 0
     ckpt_every: int = 50
     resume: str | None = None
+    resume_allow_changes: bool = False
     progress: bool = True
     num_workers: int = 0
     draw_samples: int = 0
@@ -87,6 +88,7 @@ class Trainer:
         self.images_seen = 0
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
+        self.resume_changes: dict | None = None  # settings that differ from the resumed checkpoint's
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -132,7 +134,10 @@ class Trainer:
                 "or choose another hydra.run.dir. Nothing was overwritten.")
         if path is None:
             return
-        self.load_state_dict(ckpt.load(path), path)
+        state = ckpt.load(path)
+        self.resume_changes = ckpt.check_resume_config(state.get("config"), self.config_yaml, path,
+                                                       bool(self.s.resume_allow_changes))
+        self.load_state_dict(state, path)
         self.resumed_from = str(path)
         self.saved_step = self.step
         self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step)
@@ -179,6 +184,7 @@ class Trainer:
                 draw_samples(self.task, model, self.val_set, self.s.draw_samples,
                              self.out_dir / "drawings", f"step{self.step}")
         return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
+                "resume_changes": self.resume_changes,
                 "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
                 "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
 
