@@ -139,7 +139,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device}
+    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device,
+            "pretrained": getattr(dist.unwrap(model), "pretrained_report", None)}
     return trainer, info
 
 
@@ -180,6 +181,7 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
         "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
+        "pretrained": info["pretrained"],
         "param_digests": digests,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
