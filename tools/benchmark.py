@@ -38,7 +38,7 @@ def bare_loop(cfg, steps: int, warmup: int) -> float:
     import zoo
 
     seed_everything(cfg.seed)
-    train_set, _ = build_data(cfg)
+    train_set, _, _ = build_data(cfg)
     model = zoo.create_model(cfg.model.name, num_classes=cfg.data.num_classes)
     # The optimizer class and arguments of the config, with a plain float LR.
     opt = instantiate(cfg.optim.optimizer)(learning_rate=cfg.optim.lr, parameters=model.parameters())

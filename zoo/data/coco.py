@@ -60,6 +60,8 @@ class CocoInstances:
     num_crowd: int = 0
     num_degenerate: int = 0
     num_empty_dropped: int = 0
+    degenerate_ids: list = field(default_factory=list)  # annotation ids of the boxes skipped as degenerate
+    clipped_ids: list = field(default_factory=list)     # annotation ids of boxes reaching outside their image
     gt: dict | None = None
 
 
@@ -194,7 +196,10 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
         x2, y2 = min(max(x + w, 0.0), img["width"]), min(max(y + h, 0.0), img["height"])
         if x2 - x1 < _EPS or y2 - y1 < _EPS:
             out.num_degenerate += 1
+            out.degenerate_ids.append(ann["id"])
             continue
+        if (x1, y1, x2, y2) != (x, y, x + w, y + h):
+            out.clipped_ids.append(ann["id"])
         entry[2].append(([x1, y1, x2, y2], label_of[ann["category_id"]]))
         entry[3].append(ann)
     gt_images, gt_anns = [], []
@@ -319,6 +324,10 @@ class COCODetDataset(paddle.io.Dataset):
                 f"multiscale={self.multiscale})")
 
 
+def _ids(ids: list, limit: int = 10) -> str:
+    return ", ".join(map(str, ids[:limit])) + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
 class COCODetData:
     """Factory for train/val :class:`COCODetDataset` objects from a COCO root.
 
@@ -378,7 +387,14 @@ class COCODetData:
                 log.warning("data: skipped %d problems in %s (data.builder.bad_samples=skip); first: %s",
                             len(inst.skipped), ann, "; ".join(inst.skipped[:3]))
             if inst.num_degenerate:
-                log.warning("data: %s: skipped %d boxes of zero width or height", ann, inst.num_degenerate)
+                log.warning("data: %s: skipped %d boxes of zero width or height after clipping to their image "
+                            "(annotation ids %s)", ann, inst.num_degenerate, _ids(inst.degenerate_ids))
+            if inst.clipped_ids:
+                log.warning("data: %s: clipped %d boxes reaching outside their image (annotation ids %s)", ann,
+                            len(inst.clipped_ids), _ids(inst.clipped_ids))
+            if inst.skipped:
+                log.warning("data: all %d problems of %s are listed in the run folder's data_problems.txt",
+                            len(inst.skipped), ann)
             if not inst.records:
                 raise ValueError(f"{ann}: no usable images ({len(inst.skipped)} skipped, "
                                  f"{inst.num_empty_dropped} without boxes; allow_empty={self.allow_empty})")
@@ -392,6 +408,14 @@ class COCODetData:
                             over, ann, self.max_boxes)
             self._loaded[split] = inst
         return self._loaded[split]
+
+    def data_report(self) -> dict:
+        """Per split: images, skipped problems (all messages), crowd, degenerate and clipped boxes."""
+        return {split: {"samples": len(inst.records), "skipped": len(inst.skipped), "problems": list(inst.skipped),
+                        "crowd_boxes": inst.num_crowd, "degenerate_boxes": inst.num_degenerate,
+                        "degenerate_ids": inst.degenerate_ids[:100], "clipped_boxes": len(inst.clipped_ids),
+                        "clipped_ids": inst.clipped_ids[:100], "empty_images_dropped": inst.num_empty_dropped}
+                for split, inst in self._loaded.items()}
 
     def build(self, split: str, seed: int) -> COCODetDataset:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""

@@ -44,7 +44,7 @@ def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
     amp = build_amp(cfg)
     seed_everything(cfg.seed)
     device = current_device()
-    _, val_set = build_data(cfg)
+    _, val_set, _ = build_data(cfg)
     model = build(cfg.model.net, "model.net")
     task = build(cfg.model.task, "model.task")
     weights, source = resolve_weights(cfg.checkpoint)

@@ -93,7 +93,19 @@ def build_amp(cfg: DictConfig):
 
 def build_data(cfg: DictConfig):
     data = build(cfg.data.builder, "data")
-    return data.build("train", cfg.seed), data.build("val", cfg.seed)
+    train_set, val_set = data.build("train", cfg.seed), data.build("val", cfg.seed)
+    report = data.data_report() if hasattr(data, "data_report") else None
+    return train_set, val_set, report
+
+
+def record_data_report(report: dict | None, out_dir: Path) -> dict | None:
+    """Write every skipped-sample message to data_problems.txt; return the counts for summary.json."""
+    if not report:
+        return None
+    lines = [f"{split}: {msg}" for split, r in report.items() for msg in r.get("problems", [])]
+    if lines:
+        atomic_write(out_dir / "data_problems.txt", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    return {split: {k: v for k, v in r.items() if k != "problems"} for split, r in report.items()}
 
 
 def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: int):
@@ -118,7 +130,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     seed_everything(cfg.seed)
     dist.init()
     device = current_device()
-    train_set, val_set = build_data(cfg)
+    train_set, val_set, data_report = build_data(cfg)
     names = getattr(val_set, "class_names", None)  # detection sets know their classes
     if names and "num_classes" in cfg.data and len(names) != int(cfg.data.num_classes):
         raise ConfigError(f"data.num_classes: {cfg.data.num_classes}, but data={cfg.data.name} has "
@@ -140,7 +152,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
     info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device,
-            "pretrained": getattr(dist.unwrap(model), "pretrained_report", None)}
+            "pretrained": getattr(dist.unwrap(model), "pretrained_report", None), "data_report": data_report}
     return trainer, info
 
 
@@ -161,6 +173,7 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
+        info["data_report"] = record_data_report(info["data_report"], out_dir)
         print(amp.describe(info["device_info"]), flush=True)
     result = trainer.fit()
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
@@ -181,7 +194,7 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
         "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
-        "pretrained": info["pretrained"],
+        "pretrained": info["pretrained"], "data_report": info["data_report"],
         "param_digests": digests,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
