@@ -112,3 +112,51 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{tmp_path / 'data' / 'train.txt'}:4" in errors[0] and "truncated" in errors[0]
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(90)
+def test_loader_workers_die_with_a_killed_run(tmp_path):
+    """kill -9 of the training process must not leave its loader workers running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+import numpy as np
+from zoo.data import TrainBatchSampler, build_loader
+calls = []
+class Slow:
+    def __len__(self): return 64
+    def __getitem__(self, key):
+        open(os.path.join({str(tmp_path)!r}, f"worker{{os.getpid()}}"), "w").close()
+        calls.append(key)  # per worker process: its first batch is quick, then a sample takes a minute
+        time.sleep(0.05 if len(calls) <= 2 else 60)  # (a huge file, a stuck network file system)
+        return {{"x": np.zeros(2, np.float32)}}
+it = iter(build_loader(Slow(), TrainBatchSampler(64, 2, seed=0), 2))
+next(it)
+print("running", flush=True)
+time.sleep(120)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        workers = [int(p.name[len("worker"):]) for p in tmp_path.glob("worker*")]
+        assert len(workers) == 2 and proc.pid not in workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 10
+        alive = workers
+        while alive and time.time() < deadline:
+            time.sleep(0.2)
+            alive = [w for w in workers if os.path.exists(f"/proc/{w}") and
+                     "zombie" not in open(f"/proc/{w}/status").read().lower()]
+        assert not alive, f"loader workers {alive} outlived their killed parent"
+    finally:
+        proc.kill()
