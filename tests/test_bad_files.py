@@ -112,6 +112,11 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{tmp_path / 'data' / 'train.txt'}:4" in errors[0] and "truncated" in errors[0]
     assert "Traceback" not in out.stderr
+    log = (tmp_path / "run" / "train.log").read_text()  # the console's plain lines are in the log too
+    assert "precision: requested fp32" in log and errors[0] in log
+    # The steps done before the bad sample are kept, with the way to continue once it is fixed.
+    assert "resume with trainer.resume=auto once the file is fixed" in errors[0]
+    assert (tmp_path / "run" / "checkpoints" / "last.pdckpt").is_file()
 
 
 @pytest.mark.timeout(90)

@@ -236,5 +236,5 @@ def test_resume_refuses_same_names_with_other_shapes(tiny_cfg, tmp_path):
     train(tiny_cfg(), tmp_path / "tiny")
     wider = tiny_cfg("+model.net.widths=[8,16,32,128]", f"trainer.resume={tmp_path / 'tiny'}",
                      "trainer.resume_allow_changes=true")
-    with pytest.raises(ckpt.CheckpointError, match="shape mismatch \\['blocks.3"):
+    with pytest.raises(ckpt.CheckpointError, match=r"shape mismatch \d+ \['blocks.3"):
         train(wider, tmp_path / "b")

@@ -47,3 +47,13 @@ def test_load_report_goes_into_summary(tiny_cfg, tmp_path):
     paddle.save(zoo.create_model("db_det_tiny").state_dict(), str(other))
     with pytest.raises(ConfigError, match=f"model.net: pretrained weights '{other}' do not fit"):
         train(tiny_cfg(f"model.net.pretrained={other}"), tmp_path / "bad")
+
+
+def test_shape_only_difference_is_reported_once_as_a_shape_mismatch():
+    from zoo.engine.checkpoint import CheckpointError, check_fits
+
+    ten, five = zoo.create_model("resnet_tiny", num_classes=10), zoo.create_model("resnet_tiny", num_classes=5)
+    with pytest.raises(CheckpointError) as err:
+        check_fits(ten, five.state_dict(), "w.pdparams", "model resnet_tiny")
+    msg = str(err.value)
+    assert msg == "w.pdparams does not fit model resnet_tiny: shape mismatch 2 ['fc.bias', 'fc.weight']"

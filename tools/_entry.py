@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 from pathlib import Path
@@ -49,7 +50,9 @@ def report_error(err: BaseException) -> int:
     """Print ``error: ...`` and return exit status 2 (re-raise for a traceback with HYDRA_FULL_ERROR=1)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    print(f"error: {_message(err)}", file=sys.stderr, flush=True)
+    from zoo.engine.runinfo import announce
+
+    announce(f"error: {_message(err)}", sys.stderr, logging.ERROR)
     return 2
 
 
@@ -92,16 +95,17 @@ def run_or_exit(fn, *args):
     """
     from omegaconf.errors import OmegaConfBaseException
 
+    from zoo.engine.runinfo import announce
     from zoo.engine.signals import TrainingInterrupted
 
     try:
         return fn(*args)
     except TrainingInterrupted as stop:
-        print(stop, file=sys.stderr, flush=True)
+        announce(str(stop), sys.stderr, logging.WARNING)
         sys.exit(stop.exit_status)
     except KeyboardInterrupt:
-        print("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)",
-              file=sys.stderr, flush=True)
+        announce("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)",
+                 sys.stderr, logging.WARNING)
         remove_failed_start()
         sys.exit(130)
     except (*user_errors(), OmegaConfBaseException) as err:

@@ -115,6 +115,21 @@ def check_resume_config(saved_yaml: str | None, new_yaml: str, source, allow_cha
     return {"safe": safe, "overridden": unsafe, "checked": True}
 
 
+def check_fits(model, weights: dict, source, what: str) -> None:
+    """Raise :class:`CheckpointError` unless ``weights`` has exactly ``model``'s keys and shapes.
+
+    Missing, unexpected and shape-mismatched keys are listed separately (Paddle's own
+    ``set_state_dict`` reports a shape mismatch as both missing and unexpected).
+    """
+    from zoo.models import compare_state_dict
+
+    report = compare_state_dict(model.state_dict(), weights)
+    if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
+        parts = [f"{k.replace('_', ' ')} {len(report[k])} {report[k][:5]}"
+                 for k in ("missing", "unexpected", "shape_mismatch") if report[k]]
+        raise CheckpointError(f"{source} does not fit {what}: " + "; ".join(parts))
+
+
 def rng_state() -> dict:
     """Python, NumPy and Paddle generator states."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state()}

@@ -22,7 +22,7 @@ import zoo
 from zoo.amp import current_device
 from zoo.engine import distributed as dist
 from zoo.engine.ema import ModelEMA
-from zoo.engine.runinfo import git_revision, peak_memory_mb, write_json
+from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.fileio import atomic_write
@@ -156,17 +156,18 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     return trainer, info
 
 
-def train(cfg: DictConfig, out_dir: str | Path) -> dict:
+def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
-    The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`).
+    The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
+    line names it unless ``announce_folder`` is false (a temporary folder, as tools/benchmark.py uses).
     """
     out_dir = Path(out_dir)
     with RunLock(out_dir, enabled=dist.is_main()):
-        return _train(cfg, out_dir)
+        return _train(cfg, out_dir, announce_folder)
 
 
-def _train(cfg: DictConfig, out_dir: Path) -> dict:
+def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
     t0 = time.time()
     trainer, info = build_trainer(cfg, out_dir)
     amp = info["amp"]
@@ -174,7 +175,7 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
         info["data_report"] = record_data_report(info["data_report"], out_dir)
-        print(amp.describe(info["device_info"]), flush=True)
+        announce(amp.describe(info["device_info"]))
     result = trainer.fit()
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
     peak_mb, peak_kind = peak_memory_mb()
@@ -201,8 +202,9 @@ def _train(cfg: DictConfig, out_dir: Path) -> dict:
     }
     if dist.is_main():
         write_json(out_dir / "summary.json", summary)
-        print(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
-              f"({summary['effective_precision']}); run folder {out_dir}", flush=True)
+        folder = f"; run folder {out_dir}" if announce_folder else ""
+        announce(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
+                 f"({summary['effective_precision']}){folder}")
     if not summary["ranks_in_sync"]:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
     return summary

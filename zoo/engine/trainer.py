@@ -24,7 +24,6 @@ from zoo.engine import distributed as dist
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequests, TrainingInterrupted
-from zoo.models import compare_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +101,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict, source: Path) -> None:
         layer = dist.unwrap(self.model)
-        report = compare_state_dict(layer.state_dict(), state["model"])
-        if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
-            raise ckpt.CheckpointError(f"{source} does not fit this model: missing {report['missing'][:5]}, "
-                                       f"unexpected {report['unexpected'][:5]}, "
-                                       f"shape mismatch {report['shape_mismatch'][:5]}")
+        ckpt.check_fits(layer, state["model"], source, "this model")
         layer.set_state_dict(state["model"])
         self.optimizer.set_state_dict(ckpt.optimizer_state_local(state["optimizer"], dist.unwrap(self.model)))
         self.scheduler.set_state_dict(state["scheduler"])
