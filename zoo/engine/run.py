@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -156,6 +158,21 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     return trainer, info
 
 
+def copy_launch_logs(out_dir: Path) -> None:
+    """Under ``paddle.distributed.launch``, copy the ranks' logs (``--log_dir``) into the run folder.
+
+    The launcher writes them to ``./log`` of wherever it was started unless told otherwise; a copy
+    beside summary.json keeps every rank's output with the run it belongs to.
+    """
+    log_dir = os.environ.get("PADDLE_LOG_DIR")
+    if dist.world_size() <= 1 or not log_dir or not Path(log_dir).is_dir():
+        return
+    dest = out_dir / "launch_log"
+    dest.mkdir(exist_ok=True)
+    for f in Path(log_dir).glob("workerlog.*"):
+        shutil.copyfile(f, dest / f.name)
+
+
 def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
@@ -201,6 +218,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
     }
     if dist.is_main():
+        copy_launch_logs(out_dir)
         write_json(out_dir / "summary.json", summary)
         folder = f"; run folder {out_dir}" if announce_folder else ""
         announce(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
