@@ -125,6 +125,23 @@ def _check_bbox(ann: dict, where: str) -> list[float]:
     return [float(v) for v in bbox]
 
 
+def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
+    """``{image id: (entry, where, boxes, kept annotations)}`` and the ids of bad entries."""
+    images, bad = {}, set()
+    for k, img in enumerate(data["images"]):
+        try:
+            where = _check_image(img, k, path)
+            if img["id"] in images:
+                raise ValueError(f"{where}: duplicate image id {img['id']}")
+        except ValueError as e:
+            problem(str(e))
+            if isinstance(img, dict) and isinstance(img.get("id"), int):
+                bad.add(img["id"])  # its annotations go with it
+            continue
+        images[img["id"]] = (img, where, [], [])
+    return images, bad
+
+
 def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_empty: bool = False,
                         keep_gt: bool = False, verify_images: bool = False) -> CocoInstances:
     """Read a COCO instances json; image files are looked up under ``image_root``.
@@ -148,18 +165,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             raise exc(msg)
         out.skipped.append(msg)
 
-    images, bad = {}, set()
-    for k, img in enumerate(data["images"]):
-        try:
-            where = _check_image(img, k, path)
-            if img["id"] in images:
-                raise ValueError(f"{where}: duplicate image id {img['id']}")
-        except ValueError as e:
-            problem(str(e))
-            if isinstance(img, dict) and isinstance(img.get("id"), int):
-                bad.add(img["id"])  # its annotations go with it
-            continue
-        images[img["id"]] = (img, where, [], [])
+    images, bad = _index_images(data, path, problem)
     anns = data.get("annotations") or []
     if not isinstance(anns, list):
         raise ValueError(f"{path}: 'annotations' must be a list")
