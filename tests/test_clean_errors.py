@@ -95,3 +95,24 @@ def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path, ampzoo
     assert "Traceback" not in err
     step = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"]
     assert ckpt.load(run / "checkpoints" / ckpt.LAST)["step"] >= step
+
+
+def test_missing_image_file_in_a_list_is_one_line_naming_it(tmp_path, capsys):
+    import cv2
+    import numpy as np
+
+    root = tmp_path / "imagenet"
+    (root / "img").mkdir(parents=True)
+    for i in range(3):
+        cv2.imwrite(str(root / "img" / f"{i}.png"), np.full((40, 40, 3), 60 * i, np.uint8))
+    lines = [f"img/{i % 3}.png {i % 2}" for i in range(7)] + ["img/gone.png 1"]
+    (root / "train_list.txt").write_text("\n".join(lines) + "\n")
+    (root / "val_list.txt").write_text("\n".join(lines[:4]) + "\n")
+    tiny = [o for o in TINY if not o.startswith("data.builder.num_")]
+    cfg = compose([*tiny, "data=imagenet", f"data.root={root}", "data.num_classes=2", "model.batch_size=4",
+                   "model.eval_batch_size=2", "data.builder.image_size=32", "data.builder.resize_size=36",
+                   "trainer.max_steps=4"])
+    status, err = _run(cfg, tmp_path / "run", capsys)
+    assert status == 2 and "Traceback" not in err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and f"image file not found: {root / 'img' / 'gone.png'}" in line[0]
