@@ -47,7 +47,8 @@ class _GuardedDataset:
         try:
             return self.dataset[key]
         except Exception as e:  # noqa: BLE001  (any loading error must reach the main thread)
-            return _Failure(f"{_describe(e)} (sample key {int(key)})")
+            msg = _describe(e)
+            return _Failure(msg if f"key {int(key)}" in msg else f"{msg} (sample key {int(key)})")
 
 
 class _GuardedCollate:
