@@ -51,5 +51,6 @@ class StopRequests:
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            # None: a handler installed outside Python; it cannot be put back, the default can.
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
