@@ -95,3 +95,25 @@ def test_part_without_validators_is_restarted(server, home):  # noqa: F811
     assert hub.download(url, **FAST).read_bytes() == data
     assert [r for _, r in server.requests] == [None, None]
     assert "etag" not in json.dumps(hub.read_checksums()[url])
+
+
+def test_format_checks_accept_real_files_of_each_format(tmp_path):
+    import numpy as np
+
+    from zoo.weights import pins, save_file
+
+    # A safetensors file starts with its header's length: find one whose first byte is "{".
+    path = tmp_path / "w.safetensors"
+    for n in range(1, 300):
+        save_file({"a" * n: np.zeros(2, np.float32)}, path)
+        if path.read_bytes()[:1] == b"{":
+            break
+    assert path.read_bytes()[:1] == b"{" and pins.not_weights_reason(path, "safetensors") is None
+    html = tmp_path / "page.safetensors"
+    html.write_bytes(HTML)
+    assert "does not parse as a safetensors file" in pins.not_weights_reason(html, "safetensors")
+    pd = tmp_path / "w.pdparams"
+    pd.write_bytes(payload(3_000))
+    assert pins.not_weights_reason(pd, "pdparams") is None
+    pd.write_bytes(b"\x80\x04 truncated pickle")
+    assert "does not parse as a pdparams file" in pins.not_weights_reason(pd, "pdparams")

@@ -79,7 +79,8 @@ def not_weights_reason(path: Path, fmt: str) -> str | None:
     """
     with open(path, "rb") as f:
         head = f.read(512)
-    if head.lstrip().lower().startswith(_TEXT_STARTS):
+    # Not for safetensors: its first 8 bytes are a length, which may well start with "{" or "<".
+    if fmt != "safetensors" and head.lstrip().lower().startswith(_TEXT_STARTS):
         shown = head.lstrip()[:60].decode("utf-8", "replace")
         return f"it is a text/HTML document, not a {fmt} file (starts with {shown!r})"
     try:
