@@ -165,3 +165,46 @@ time.sleep(120)
         assert not alive, f"loader workers {alive} outlived their killed parent"
     finally:
         proc.kill()
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_to_the_process_group_leaves_the_workers_to_the_main_process(tmp_path):
+    """Ctrl-C reaches loader workers too; they must not die of it while the main process, waiting
+    for a batch, still needs one to finish its step (it would get "Blocking queue is killed").
+    Paddle's workers install their own signal handling; this pins that the combination holds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+import numpy as np
+from zoo.data import TrainBatchSampler, build_loader
+from zoo.engine.signals import StopRequests
+class Slow:
+    def __len__(self): return 64
+    def __getitem__(self, key):
+        time.sleep(0.4)
+        return {{"x": np.zeros(2, np.float32)}}
+with StopRequests() as stop:
+    for i, batch in enumerate(build_loader(Slow(), TrainBatchSampler(64, 2, seed=0), 2)):
+        print("batch", i, flush=True)
+        if stop.signum is not None:
+            print("stopped cleanly", flush=True)
+            break
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    try:
+        assert proc.stdout.readline().startswith("batch")
+        time.sleep(0.3)  # the main process now waits for the next batch
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "stopped cleanly" in out and proc.returncode == 0, err[-2000:]

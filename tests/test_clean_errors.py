@@ -75,17 +75,20 @@ def test_signal_saves_a_checkpoint_at_the_end_of_the_step(tiny_cfg, tmp_path, ca
 
 
 @pytest.mark.timeout(120)
-def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path, ampzoo_home):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path, ampzoo_home, workers):
+    """Ctrl-C in a terminal signals the whole process group, loader workers included."""
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", AMPZOO_HOME=str(ampzoo_home))
     proc = subprocess.Popen([sys.executable, "tools/train.py", *TINY, "trainer.max_steps=100000",
-                             "trainer.ckpt_every=100000", f"hydra.run.dir={run}"], cwd=ROOT, env=env,
+                             "trainer.ckpt_every=100000", f"trainer.num_workers={workers}",
+                             f"hydra.run.dir={run}"], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 90
         while not (run / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
