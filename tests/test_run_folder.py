@@ -116,3 +116,14 @@ def test_resume_with_the_same_settings_records_no_changes(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)
     assert summary["resume_changes"] == {"safe": {"trainer.resume": [None, "auto"]}, "overridden": {},
                                          "checked": True}
+
+
+def test_resume_auto_does_not_continue_a_run_that_is_still_alive(tiny_cfg, tmp_path):
+    from zoo.engine import checkpoint as ckpt
+
+    live = tmp_path / "runs" / "a_live"
+    train(tiny_cfg("trainer.max_steps=2"), live)
+    (live / "summary.json").unlink()  # looks unfinished ...
+    with RunLock(live):  # ... but its process is alive
+        assert ckpt.find_resume("auto", tmp_path / "runs" / "b") is None
+    assert ckpt.find_resume("auto", tmp_path / "runs" / "b") == live / "checkpoints" / ckpt.LAST

@@ -142,8 +142,16 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unfinished_run(run_dir: Path) -> Path | None:
+    from zoo.engine.runlock import holder_if_locked
+
     ckpt = run_dir / CKPT_DIR / LAST
-    return ckpt if ckpt.is_file() and not (run_dir / "summary.json").exists() else None
+    if not ckpt.is_file() or (run_dir / "summary.json").exists():
+        return None
+    holder = holder_if_locked(run_dir)
+    if holder:  # not killed: still running; continuing it would fork it
+        log.warning("trainer.resume=auto: %s is still running (%s); not resuming it", run_dir, holder)
+        return None
+    return ckpt
 
 
 def find_resume(resume, out_dir: Path) -> Path | None:

@@ -28,6 +28,22 @@ def _holder(path: Path) -> str:
         return "unknown process"
 
 
+def holder_if_locked(run_dir) -> str | None:
+    """Who holds ``run_dir``'s lock (``"pid N on HOST since ..."``), or None if no live run does."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # closing drops the probe's own lock
+    return None
+
+
 class RunLock:
     """Context manager holding the exclusive lock of ``run_dir`` (``enabled=False``: a no-op)."""
 
