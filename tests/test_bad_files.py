@@ -208,3 +208,16 @@ with StopRequests() as stop:
     finally:
         proc.kill()
     assert "stopped cleanly" in out and proc.returncode == 0, err[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_sample_with_a_field_paddle_cannot_convert_is_named_not_a_hang():
+    class Texts:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, key):
+            return {"image": np.zeros(2, np.float32), "text": np.array(["abc"])}
+
+    with pytest.raises(SampleLoadError, match="field 'text' has dtype <U3"):
+        next(iter(build_loader(Texts(), EvalBatchSampler(4, 2))))

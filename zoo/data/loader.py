@@ -51,6 +51,21 @@ class _GuardedDataset:
             return _Failure(msg if f"key {int(key)}" in msg else f"{msg} (sample key {int(key)})")
 
 
+def _non_numeric(batch, key: str = "batch"):
+    """``(field, dtype)`` of the first array Paddle could not turn into a tensor, else None.
+
+    The conversion happens in Paddle's loader thread after collation, where a failure would
+    again kill the thread and leave the main thread waiting.
+    """
+    if isinstance(batch, dict):
+        return next((r for k, v in batch.items() if (r := _non_numeric(v, str(k))) is not None), None)
+    if isinstance(batch, (list, tuple)):
+        return next((r for i, v in enumerate(batch) if (r := _non_numeric(v, f"{key}[{i}]")) is not None), None)
+    if isinstance(batch, np.ndarray) and batch.dtype.kind not in "biuf":
+        return key, str(batch.dtype)
+    return None
+
+
 class _GuardedCollate:
     """The dataset's collate function; a failed item or collate error becomes an error batch."""
 
@@ -61,7 +76,12 @@ class _GuardedCollate:
         failed = next((it for it in items if isinstance(it, _Failure)), None)
         if failed is None:
             try:
-                return self.collate_fn(items)
+                batch = self.collate_fn(items)
+                bad = _non_numeric(batch)
+                if bad is None:
+                    return batch
+                failed = _Failure(f"cannot batch samples: field {bad[0]!r} has dtype {bad[1]} (only numbers "
+                                  "and booleans become tensors)")
             except Exception as e:  # noqa: BLE001
                 failed = _Failure(f"cannot batch samples: {_describe(e)}")
         return {_ERROR_KEY: np.frombuffer(failed.message.encode("utf-8", "replace"), np.uint8).copy()}
