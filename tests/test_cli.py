@@ -46,6 +46,7 @@ def test_train_then_eval_as_a_user_would(tmp_path, ampzoo_home):
     # The best weights were saved at the final eval, so eval.py reproduces that number exactly.
     assert result["metrics"] == summary["metrics"]
     assert result["effective_precision"] == "emulated-fp16-O1" and result["num_samples"] == 48
+    assert f"evaluation written to {tmp_path / 'ev' / 'eval.json'}, {ev}" in out.stderr
 
     out = run_tool(["tools/eval.py", *TINY, f"checkpoint={tmp_path}/missing", f"hydra.run.dir={tmp_path / 'e2'}"],
                    ROOT, env)
@@ -78,3 +79,4 @@ def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
         result = json.loads(out_json.read_text())
         assert result["images_per_s"] > 0 and result["reference_images_per_s"] > 0
         assert ("ratio" in result) == (extra[1] == "bare")
+        assert "run folder" not in out.stdout  # its runs live in deleted temporary folders

@@ -23,6 +23,7 @@ def test_two_process_cpu_launch_ends_in_sync(tmp_path, ampzoo_home):
     assert len(runs) == 1, runs
     summary = json.loads((runs[0] / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 16
+    assert sorted(p.name for p in (runs[0] / "launch_log").iterdir()) == ["workerlog.0", "workerlog.1"]
     assert summary["ranks_in_sync"] and len(set(summary["param_digests"])) == 1
     assert len(summary["param_digests"]) == 2
     # Each rank evaluated half of the 48 validation images; the pooled count is the whole split.

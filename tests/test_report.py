@@ -146,7 +146,9 @@ def test_equivalent_sweep_exits_0_and_writes_files(tmp_path):
 def test_amp_five_points_worse_is_different_exit_1(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep", amp_shift=-0.05)
     assert report_tool.main([str(sweep), "--out", str(tmp_path / "rep")]) == 1  # in-process: faster
-    assert "| different |" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "| different |" in captured.out
+    assert f"report written to {tmp_path / 'rep'}" in captured.err  # says where it wrote
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
     side = data["groups"][0]["amp"][0]
     assert side["verdict"] == "different" and side["diff"] == pytest.approx(-5.0, abs=0.5)

@@ -38,7 +38,7 @@ def bare_loop(cfg, steps: int, warmup: int) -> float:
     import zoo
 
     seed_everything(cfg.seed)
-    train_set, _ = build_data(cfg)
+    train_set, _, _ = build_data(cfg)
     model = zoo.create_model(cfg.model.name, num_classes=cfg.data.num_classes)
     # The optimizer class and arguments of the config, with a plain float LR.
     opt = instantiate(cfg.optim.optimizer)(learning_rate=cfg.optim.lr, parameters=model.parameters())
@@ -62,7 +62,7 @@ def bare_loop(cfg, steps: int, warmup: int) -> float:
 def engine_loop(cfg, steps: int, warmup: int) -> float:
     """Images/s of the zoo's Trainer over the same steps (from its per-step metrics log)."""
     with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, tmp)
+        train(cfg, tmp, announce_folder=False)  # the folder is deleted: do not print it
         recs = read_metrics(Path(tmp) / "metrics.jsonl", "train")
     t = {r["step"]: r["time"] for r in recs}
     return steps * cfg.model.batch_size / (t[warmup + steps + 1] - t[warmup + 1])

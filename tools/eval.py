@@ -6,6 +6,8 @@ Uses the same config groups as training (model, data, amp, recipe) and writes th
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import _entry  # noqa: F401  (sets sys.path and resolvers before Hydra runs)
 import hydra
@@ -19,6 +21,9 @@ def main(cfg: DictConfig) -> None:
 
     result = _entry.run_or_exit(evaluate_checkpoint, cfg, HydraConfig.get().runtime.output_dir)
     print(json.dumps(result["metrics"], indent=2))
+    written = [Path(HydraConfig.get().runtime.output_dir) / "eval.json"]
+    written += [Path(cfg.output)] if cfg.get("output") else []
+    print(f"evaluation written to {', '.join(map(str, written))}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

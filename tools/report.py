@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     parser.add_argument("--section", default=None, help="name of the <!-- measured:NAME --> section")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
 
-    from zoo.report import ReportInputError, make_report
+    from zoo.report import ReportInputError, make_report, report_dir
     from zoo.report.cards import update_section
 
     if bool(args.model_cards) != bool(args.section):
@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     except (ReportInputError, OSError) as err:
         return _entry.report_error(err)
     print(md, end="", flush=True)
+    out = report_dir(args.inputs, args.out)
+    print(f"report written to {out} (report.md, report.json, index.html, plots)", file=sys.stderr, flush=True)
     return code
 
 

@@ -3,6 +3,7 @@
 from .cache import cache_dir
 from .classification import ClassificationData, ClassificationDataset
 from .coco import COCODetData, COCODetDataset, load_coco_instances
+from .loader import SampleLoadError
 from .sampler import EvalBatchSampler, TrainBatchSampler, build_loader
 from .synthetic_detection import SyntheticShapesDetData
 from .synthetic_shapes import SyntheticShapesData
@@ -13,6 +14,7 @@ __all__ = [
     "COCODetData",
     "COCODetDataset",
     "EvalBatchSampler",
+    "SampleLoadError",
     "SyntheticShapesData",
     "SyntheticShapesDetData",
     "TrainBatchSampler",

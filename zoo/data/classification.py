@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 import paddle
 
+from .images import ImageDecodeError, decode_image
 from .transforms import ClassificationTransform
 
 __all__ = ["ClassificationData", "ClassificationDataset", "ImageDecodeError", "read_image_rgb"]
@@ -31,12 +32,8 @@ SPLITS = ("train", "val")
 LINE_FORMAT = "'<path> <integer label>'"
 
 
-class ImageDecodeError(ValueError):
-    """An image file exists but cannot be decoded."""
-
-
 def read_image_rgb(path: str | os.PathLike) -> np.ndarray:
-    """Read an image file as an HWC uint8 RGB array; errors name the file."""
+    """Read an image file as an HWC uint8 RGB array; errors name the file (truncated files included)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -44,10 +41,7 @@ def read_image_rgb(path: str | os.PathLike) -> np.ndarray:
         raise FileNotFoundError(f"image file not found: {path}") from None
     # imdecode (rather than imread) distinguishes unreadable from undecodable
     # and copes with any path encoding.
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if data else None
-    if img is None:
-        raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    return cv2.cvtColor(decode_image(data, path), cv2.COLOR_BGR2RGB)
 
 
 def parse_list_file(list_path: Path, num_classes: int | None = None) -> tuple[list[str], np.ndarray]:

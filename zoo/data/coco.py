@@ -29,6 +29,7 @@ import numpy as np
 import paddle
 
 from .classification import read_image_rgb
+from .images import ImageDecodeError, verify_image_file
 from .det_box_transforms import INTERPOLATIONS, MEAN, STD, BoxEvalTransform, BoxTrainTransform, pad_targets, \
     resize_batch
 
@@ -59,6 +60,8 @@ class CocoInstances:
     num_crowd: int = 0
     num_degenerate: int = 0
     num_empty_dropped: int = 0
+    degenerate_ids: list = field(default_factory=list)  # annotation ids of the boxes skipped as degenerate
+    clipped_ids: list = field(default_factory=list)     # annotation ids of boxes reaching outside their image
     gt: dict | None = None
 
 
@@ -122,13 +125,32 @@ def _check_bbox(ann: dict, where: str) -> list[float]:
     return [float(v) for v in bbox]
 
 
+def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
+    """``{image id: (entry, where, boxes, kept annotations)}`` and the ids of bad entries."""
+    images, bad = {}, set()
+    for k, img in enumerate(data["images"]):
+        try:
+            where = _check_image(img, k, path)
+            if img["id"] in images:
+                raise ValueError(f"{where}: duplicate image id {img['id']}")
+        except ValueError as e:
+            problem(str(e))
+            if isinstance(img, dict) and isinstance(img.get("id"), int):
+                bad.add(img["id"])  # its annotations go with it
+            continue
+        images[img["id"]] = (img, where, [], [])
+    return images, bad
+
+
 def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_empty: bool = False,
-                        keep_gt: bool = False) -> CocoInstances:
+                        keep_gt: bool = False, verify_images: bool = False) -> CocoInstances:
     """Read a COCO instances json; image files are looked up under ``image_root``.
 
     ``bad_samples="fail"`` raises at the first problem; ``"skip"`` leaves out the
     affected image (or an annotation of an unknown image) and lists the message
-    in ``skipped``.  Images without boxes are kept only if ``allow_empty``.
+    in ``skipped``.  Images without boxes are kept only if ``allow_empty``.  ``verify_images``
+    checks each kept image file is complete and has the json's width and height (header and end
+    marker only, see :func:`zoo.data.images.verify_image_file`).
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -143,18 +165,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             raise exc(msg)
         out.skipped.append(msg)
 
-    images, bad = {}, set()
-    for k, img in enumerate(data["images"]):
-        try:
-            where = _check_image(img, k, path)
-            if img["id"] in images:
-                raise ValueError(f"{where}: duplicate image id {img['id']}")
-        except ValueError as e:
-            problem(str(e))
-            if isinstance(img, dict) and isinstance(img.get("id"), int):
-                bad.add(img["id"])  # its annotations go with it
-            continue
-        images[img["id"]] = (img, where, [], [])
+    images, bad = _index_images(data, path, problem)
     anns = data.get("annotations") or []
     if not isinstance(anns, list):
         raise ValueError(f"{path}: 'annotations' must be a list")
@@ -191,7 +202,10 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
         x2, y2 = min(max(x + w, 0.0), img["width"]), min(max(y + h, 0.0), img["height"])
         if x2 - x1 < _EPS or y2 - y1 < _EPS:
             out.num_degenerate += 1
+            out.degenerate_ids.append(ann["id"])
             continue
+        if (x1, y1, x2, y2) != (x, y, x + w, y + h):
+            out.clipped_ids.append(ann["id"])
         entry[2].append(([x1, y1, x2, y2], label_of[ann["category_id"]]))
         entry[3].append(ann)
     gt_images, gt_anns = [], []
@@ -204,6 +218,12 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             problem(f"{where}: image file {file} not found (file_name under image root {image_root})",
                     FileNotFoundError)
             continue
+        if verify_images:
+            try:
+                verify_image_file(file, (img["height"], img["width"]))
+            except (OSError, ImageDecodeError) as e:
+                problem(f"{where}: {e}")
+                continue
         if not boxes and not allow_empty:
             out.num_empty_dropped += 1
             continue
@@ -310,6 +330,10 @@ class COCODetDataset(paddle.io.Dataset):
                 f"multiscale={self.multiscale})")
 
 
+def _ids(ids: list, limit: int = 10) -> str:
+    return ", ".join(map(str, ids[:limit])) + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
 class COCODetData:
     """Factory for train/val :class:`COCODetDataset` objects from a COCO root.
 
@@ -323,7 +347,8 @@ class COCODetData:
                  val_images: str = "val2017", image_size: int = 640, eval_size: int = 640,
                  multiscale=PPYOLOE_MULTISCALE, max_boxes: int = 100, allow_empty: bool = False,
                  bad_samples: str = "fail", flip: float = 0.5, distort: float = 0.5, expand: float = 0.5,
-                 expand_ratio: float = 4.0, crop: float = 1.0, mean=MEAN, std=STD, channel_order: str = "RGB"):
+                 expand_ratio: float = 4.0, crop: float = 1.0, mean=MEAN, std=STD, channel_order: str = "RGB",
+                 verify_images: bool = True):
         if bad_samples not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
         if channel_order not in ("BGR", "RGB"):
@@ -336,6 +361,7 @@ class COCODetData:
         self.files = {"train": (train_ann, train_images), "val": (val_ann, val_images)}
         self.multiscale = tuple(int(s) for s in multiscale) if multiscale is not None else None
         self.max_boxes, self.allow_empty, self.bad_samples = int(max_boxes), bool(allow_empty), bad_samples
+        self.verify_images = bool(verify_images)
         bgr = channel_order == "BGR"
         self.train_transform = BoxTrainTransform(image_size, flip, distort, expand, expand_ratio, crop,
                                                  mean=mean, std=std, bgr=bgr)
@@ -361,12 +387,20 @@ class COCODetData:
         if split not in self._loaded:
             ann, images = self.paths(split)
             train = split == "train"
-            inst = load_coco_instances(ann, images, self.bad_samples, self.allow_empty or not train, not train)
+            inst = load_coco_instances(ann, images, self.bad_samples, self.allow_empty or not train, not train,
+                                       self.verify_images)
             if inst.skipped:
                 log.warning("data: skipped %d problems in %s (data.builder.bad_samples=skip); first: %s",
                             len(inst.skipped), ann, "; ".join(inst.skipped[:3]))
             if inst.num_degenerate:
-                log.warning("data: %s: skipped %d boxes of zero width or height", ann, inst.num_degenerate)
+                log.warning("data: %s: skipped %d boxes of zero width or height after clipping to their image "
+                            "(annotation ids %s)", ann, inst.num_degenerate, _ids(inst.degenerate_ids))
+            if inst.clipped_ids:
+                log.warning("data: %s: clipped %d boxes reaching outside their image (annotation ids %s)", ann,
+                            len(inst.clipped_ids), _ids(inst.clipped_ids))
+            if inst.skipped:
+                log.warning("data: all %d problems of %s are listed in the run folder's data_problems.txt",
+                            len(inst.skipped), ann)
             if not inst.records:
                 raise ValueError(f"{ann}: no usable images ({len(inst.skipped)} skipped, "
                                  f"{inst.num_empty_dropped} without boxes; allow_empty={self.allow_empty})")
@@ -380,6 +414,14 @@ class COCODetData:
                             over, ann, self.max_boxes)
             self._loaded[split] = inst
         return self._loaded[split]
+
+    def data_report(self) -> dict:
+        """Per split: images, skipped problems (all messages), crowd, degenerate and clipped boxes."""
+        return {split: {"samples": len(inst.records), "skipped": len(inst.skipped), "problems": list(inst.skipped),
+                        "crowd_boxes": inst.num_crowd, "degenerate_boxes": inst.num_degenerate,
+                        "degenerate_ids": inst.degenerate_ids[:100], "clipped_boxes": len(inst.clipped_ids),
+                        "clipped_ids": inst.clipped_ids[:100], "empty_images_dropped": inst.num_empty_dropped}
+                for split, inst in self._loaded.items()}
 
     def build(self, split: str, seed: int) -> COCODetDataset:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""

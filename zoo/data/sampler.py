@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .loader import build_loader  # noqa: F401  (re-exported: it was defined here)
+
 __all__ = ["EvalBatchSampler", "TrainBatchSampler", "build_loader"]
 
 
@@ -140,22 +142,3 @@ class EvalBatchSampler:
         idx = self.indices
         for start in range(0, len(idx), self.batch_size):
             yield list(idx[start : start + self.batch_size])
-
-
-def build_loader(dataset, batch_sampler, num_workers: int = 0):
-    """Wrap ``dataset`` and one of the samplers above in a ``paddle.io.DataLoader``.
-
-    Batches are dicts of stacked tensors (paddle's default collate), e.g.
-    ``{"image": [B,3,H,W] float32, "label": [B] int64}``; a dataset with a
-    ``collate_fn`` attribute batches its own items (e.g. multi-scale resizing).
-    Works with the infinite :class:`TrainBatchSampler` for any ``num_workers``.
-    """
-    import paddle  # local import: the samplers themselves do not need paddle
-
-    return paddle.io.DataLoader(
-        dataset,
-        batch_sampler=batch_sampler,
-        num_workers=int(num_workers),
-        return_list=True,
-        collate_fn=getattr(dataset, "collate_fn", None),
-    )

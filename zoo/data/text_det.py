@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 
 from .classification import read_image_rgb
+from .images import ImageDecodeError, image_size, verify_image_file
 from .det_transforms import DetEvalTransform, DetTrainTransform
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
@@ -86,19 +87,62 @@ def parse_det_label_line(line: str, where: str) -> tuple[str, np.ndarray, np.nda
 
 
 def _verify_image(path: Path, where: str) -> None:
-    import cv2
+    # A reduced decode reads the whole file but builds a 1/8 image: cheap. It does not catch a
+    # truncated JPEG (OpenCV only warns), so the file's end marker is checked as well.
+    try:
+        verify_image_file(path, decode=True)
+    except (OSError, ImageDecodeError) as e:
+        raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
 
-    # A reduced decode reads the whole file but builds a 1/8 image: cheap, and catches truncation.
-    if not path.is_file() or cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8) is None:
-        raise OSError(f"{where}: image {path} is missing or cannot be decoded")
+
+def clip_polys_to_image(polys: np.ndarray, ignore: np.ndarray, h: int, w: int):
+    """Clip polygon points to the image's extent (pixel centres -0.5 .. size-0.5).
+
+    Points inside are left bit-exactly as they are. A polygon that had points outside counts as
+    clipped; one left with (almost) no area becomes don't-care. Returns ``(polys, ignore, n_clipped)``.
+    """
+    if not len(polys):
+        return polys, ignore, 0
+    x, y = polys[..., 0], polys[..., 1]
+    outside = ((x < -0.5) | (x > w - 0.5) | (y < -0.5) | (y > h - 0.5)).any(axis=1)
+    if not outside.any():
+        return polys, ignore, 0
+    polys, ignore = polys.copy(), ignore.copy()
+    polys[..., 0] = np.clip(x, -0.5, w - 0.5)
+    polys[..., 1] = np.clip(y, -0.5, h - 0.5)
+    px, py = polys[..., 0], polys[..., 1]
+    area = 0.5 * np.abs((px * np.roll(py, -1, axis=1) - np.roll(px, -1, axis=1) * py).sum(axis=1))
+    ignore[outside & (area < 1.0)] = True
+    return polys, ignore, int(outside.sum())
 
 
-def load_det_labels(path, bad_samples: str = "fail", image_root=None) -> tuple[list, list[str]]:
+def _check_geometry(sample, image: Path, where: str, stats: dict):
+    """Clip ``sample``'s polygons to the size of ``image`` (read from its header) and count."""
+    path, polys, ignore = sample
+    if not len(polys):
+        stats["empty_label_lists"] = stats.get("empty_label_lists", 0) + 1
+        return sample
+    h, w = image_size(image)
+    polys, ignore, clipped = clip_polys_to_image(polys, ignore, h, w)
+    if clipped:
+        stats["clipped_polygons"] = stats.get("clipped_polygons", 0) + clipped
+        at = stats.setdefault("clipped_at", [])
+        if len(at) < 20:  # where, for the log and summary.json; the count covers all
+            at.append(where)
+    return path, polys, ignore
+
+
+def load_det_labels(path, bad_samples: str = "fail", image_root=None,
+                    line_numbers: list | None = None, stats: dict | None = None) -> tuple[list, list[str]]:
     """Read a label file under a bad-sample policy, optionally checking every image decodes.
 
     ``bad_samples="fail"`` raises at the first bad line or image (before training starts);
     ``"skip"`` leaves such samples out and returns their messages (file:line and reason) so the
-    caller can count and report them. Returns ``(samples, problems)``.
+    caller can count and report them. Returns ``(samples, problems)``; the label-file line of
+    each sample is appended to ``line_numbers`` when a list is given. With ``image_root``,
+    polygons reaching outside their image are clipped to it (:func:`clip_polys_to_image`);
+    ``stats`` counts them (``clipped_polygons``, ``clipped_at``) and images with an empty label
+    list ``[]`` (``empty_label_lists``: allowed, PaddleOCR's format has text-free images).
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -113,12 +157,16 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None) -> tuple[l
                 sample = parse_det_label_line(line, where)
                 if image_root is not None:
                     _verify_image(Path(image_root) / sample[0], where)
+                    sample = _check_geometry(sample, Path(image_root) / sample[0], where,
+                                             stats if stats is not None else {})
             except (ValueError, OSError) as e:
                 if bad_samples == "fail":
                     raise
                 problems.append(str(e))
                 continue
             samples.append(sample)
+            if line_numbers is not None:
+                line_numbers.append(lineno)
     return samples, problems
 
 
@@ -153,7 +201,7 @@ class TextDetDataset(paddle.io.Dataset):
 
     def __init__(self, root, label_file, split: str, seed: int, crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128, samples=None,
-                 channel_order: str = "BGR", **aug):
+                 channel_order: str = "BGR", line_numbers=None, **aug):
         super().__init__()
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
@@ -178,6 +226,8 @@ class TextDetDataset(paddle.io.Dataset):
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.polys = np.concatenate([p for _, p, _ in samples] or [np.zeros((0, 4, 2), np.float32)])
         self.ignore = np.concatenate([g for _, _, g in samples] or [np.zeros(0, bool)])
+        # Label-file line of each sample, so a load error at training time names it.
+        self.lines = np.asarray(line_numbers, np.int64) if line_numbers is not None else None
         if self.train:
             self.transform = DetTrainTransform(crop_size, **aug)
         else:  # only the normalisation settings apply to eval
@@ -203,10 +253,13 @@ class TextDetDataset(paddle.io.Dataset):
         try:
             img = read_image_rgb(self.path(index))
         except (OSError, ValueError) as e:
-            raise type(e)(f"{e} (listed in {self.label_file}, index {index})") from None
+            where = f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
+                else f"{self.label_file} (sample {index})"
+            raise type(e)(f"{where}: {e}") from None
         if self.bgr:
             img = np.ascontiguousarray(img[..., ::-1])
         polys, ignore = self.annotations(index)
+        polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])  # same rule unverified
         if self.train:
             return self.transform(img, polys, ignore, np.random.default_rng((self.seed, epoch, index)))
         item = self.transform(img)
@@ -249,6 +302,8 @@ class TextDetData:
             raise ValueError(f"max_polys must be >= 1, got {max_polys}")
         self.max_polys, self.aug = int(max_polys), dict(aug)
         self._samples: dict[str, list] = {}
+        self._lines: dict[str, list[int]] = {}
+        self.stats: dict[str, dict] = {}
         # Fail early on bad transform settings rather than at the first batch.
         DetTrainTransform(self.crop_size, **self.aug)
         DetEvalTransform(self.eval_size)
@@ -269,17 +324,31 @@ class TextDetData:
                                     "lines 'relative/image.jpg<TAB>[{\"transcription\": ..., \"points\": ...}]')")
         return path
 
+    def data_report(self) -> dict:
+        """Per split: samples, skipped (with every message), clipped polygons, empty label lists."""
+        return {split: dict(self.stats.get(split, {}), problems=list(self.skipped.get(split, [])))
+                for split in self._samples}
+
     def build(self, split: str, seed: int) -> TextDetDataset:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""
         path = self.label_path(split)
         if split not in self._samples:
+            lines: list[int] = []
+            stats: dict = {}
             samples, problems = load_det_labels(path, self.bad_samples,
-                                                self.root if self.verify_images else None)
+                                                self.root if self.verify_images else None, lines, stats)
             if problems:
-                log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip); first: %s",
+                log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip; all listed "
+                            "in the run folder's data_problems.txt); first: %s",
                             len(problems), len(problems) + len(samples), path, "; ".join(problems[:3]))
+            if stats.get("clipped_polygons"):
+                log.warning("data: %s: clipped %d polygons reaching outside their image (first at %s)", path,
+                            stats["clipped_polygons"], ", ".join(stats["clipped_at"][:3]))
+            stats["samples"], stats["skipped"] = len(samples), len(problems)
+            self.stats[split] = stats
             if not samples:
                 raise ValueError(f"{path}: no usable samples ({len(problems)} skipped)")
-            self._samples[split], self.skipped[split] = samples, problems
+            self._samples[split], self.skipped[split], self._lines[split] = samples, problems, lines
         return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
-                              samples=self._samples[split], channel_order=self.channel_order, **self.aug)
+                              samples=self._samples[split], channel_order=self.channel_order,
+                              line_numbers=self._lines[split], **self.aug)

@@ -57,6 +57,79 @@ def load(path: str | Path) -> dict:
     return state
 
 
+# Settings a resumed run may change without breaking what it continues (logged, not refused):
+# how often it logs/evaluates/saves, how it loads data, how long it runs, how it is resumed.
+SAFE_TO_CHANGE_ON_RESUME = (
+    "trainer.resume", "trainer.resume_allow_changes", "trainer.log_every", "trainer.eval_every",
+    "trainer.ckpt_every", "trainer.progress", "trainer.num_workers", "trainer.draw_samples",
+    "trainer.max_steps", "trainer.epochs", "model.eval_batch_size",
+)
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def config_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
+    """``{key: (saved value, new value)}`` for every leaf that differs between two resolved configs."""
+    import yaml
+
+    old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(new_yaml) or {})
+    missing = object()
+    return {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(set(old) | set(new))
+            if old.get(k, missing) != new.get(k, missing)}
+
+
+def check_resume_config(saved_yaml: str | None, new_yaml: str, source, allow_changes: bool) -> dict:
+    """Compare a checkpoint's config with this run's before resuming from it.
+
+    Changes to :data:`SAFE_TO_CHANGE_ON_RESUME` keys are returned as ``safe``; any other change
+    (batch size, model, data, amp, optimizer, schedule, seed, ...) raises :class:`CheckpointError`
+    listing the keys, unless ``allow_changes`` (``trainer.resume_allow_changes=true``), when they
+    are returned as ``overridden``. Values are ``[saved, new]`` pairs, for summary.json.
+    """
+    if not saved_yaml:
+        log.warning("%s holds no config (older checkpoint format): cannot check the resumed settings", source)
+        return {"safe": {}, "overridden": {}, "checked": False}
+    changes = config_changes(saved_yaml, new_yaml)
+    safe = {k: list(v) for k, v in changes.items() if k in SAFE_TO_CHANGE_ON_RESUME}
+    unsafe = {k: list(v) for k, v in changes.items() if k not in SAFE_TO_CHANGE_ON_RESUME}
+    listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(unsafe.items())[:12])
+    more = f"; and {len(unsafe) - 12} more" if len(unsafe) > 12 else ""
+    if unsafe and not allow_changes:
+        raise CheckpointError(
+            f"cannot resume from {source}: these settings differ from the run being resumed: {listing}{more}. "
+            "Run with the checkpoint's settings, start a fresh run (no trainer.resume), or pass "
+            "trainer.resume_allow_changes=true to continue anyway (recorded in summary.json)")
+    if unsafe:
+        log.warning("resuming from %s with changed settings (trainer.resume_allow_changes=true): %s%s",
+                    source, listing, more)
+    if safe:
+        log.info("resuming with changed settings that are safe to change: %s",
+                 "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in safe.items()))
+    return {"safe": safe, "overridden": unsafe, "checked": True}
+
+
+def check_fits(model, weights: dict, source, what: str) -> None:
+    """Raise :class:`CheckpointError` unless ``weights`` has exactly ``model``'s keys and shapes.
+
+    Missing, unexpected and shape-mismatched keys are listed separately (Paddle's own
+    ``set_state_dict`` reports a shape mismatch as both missing and unexpected).
+    """
+    from zoo.models import compare_state_dict
+
+    report = compare_state_dict(model.state_dict(), weights)
+    if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
+        parts = [f"{k.replace('_', ' ')} {len(report[k])} {report[k][:5]}"
+                 for k in ("missing", "unexpected", "shape_mismatch") if report[k]]
+        raise CheckpointError(f"{source} does not fit {what}: " + "; ".join(parts))
+
+
 def rng_state() -> dict:
     """Python, NumPy and Paddle generator states."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state()}
@@ -69,8 +142,16 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unfinished_run(run_dir: Path) -> Path | None:
+    from zoo.engine.runlock import holder_if_locked
+
     ckpt = run_dir / CKPT_DIR / LAST
-    return ckpt if ckpt.is_file() and not (run_dir / "summary.json").exists() else None
+    if not ckpt.is_file() or (run_dir / "summary.json").exists():
+        return None
+    holder = holder_if_locked(run_dir)
+    if holder:  # not killed: still running; continuing it would fork it
+        log.warning("trainer.resume=auto: %s is still running (%s); not resuming it", run_dir, holder)
+        return None
+    return ckpt
 
 
 def find_resume(resume, out_dir: Path) -> Path | None:

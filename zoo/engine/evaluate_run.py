@@ -11,7 +11,7 @@ from zoo.amp import current_device
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.run import build, build_amp, build_data, seed_everything, validate
-from zoo.engine.runinfo import git_revision, write_json
+from zoo.engine.runinfo import announce, git_revision, write_json
 
 
 def resolve_weights(path: str | Path) -> tuple[dict, str]:
@@ -44,16 +44,14 @@ def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
     amp = build_amp(cfg)
     seed_everything(cfg.seed)
     device = current_device()
-    _, val_set = build_data(cfg)
+    _, val_set, _ = build_data(cfg)
     model = build(cfg.model.net, "model.net")
     task = build(cfg.model.task, "model.task")
     weights, source = resolve_weights(cfg.checkpoint)
-    missing, unexpected = model.set_state_dict(weights)
-    if missing or unexpected:
-        raise ckpt.CheckpointError(f"{source} does not fit model {cfg.model.name}: missing "
-                                   f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+    ckpt.check_fits(model, weights, source, f"model {cfg.model.name}")
+    model.set_state_dict(weights)
     model, _ = amp.setup(model, None, device)
-    print(amp.describe(device), flush=True)
+    announce(amp.describe(device))
     metrics = evaluate(model, task, amp, val_set, cfg.model.eval_batch_size,
                        cfg.trainer.num_workers, cfg.trainer.progress)
     result = {"model": cfg.model.name, "data": cfg.data.name, "checkpoint": source,

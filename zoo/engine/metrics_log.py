@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from zoo.fileio import with_filename
+
 
 class MetricsLog:
     """Append-only JSON-lines log. ``kind`` is ``train`` (per log step) or ``eval``."""
@@ -15,8 +17,11 @@ class MetricsLog:
     def write(self, kind: str, step: int, **values) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"kind": kind, "step": step, **values}, sort_keys=True) + "\n")
+        except OSError as e:
+            raise with_filename(e, self.path) from e
 
     def carry_over(self, previous: Path, up_to_step: int) -> int:
         """Copy a killed run's lines up to the resumed step, so this log holds the whole curve."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -22,8 +24,10 @@ import zoo
 from zoo.amp import current_device
 from zoo.engine import distributed as dist
 from zoo.engine.ema import ModelEMA
-from zoo.engine.runinfo import git_revision, peak_memory_mb, write_json
+from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
+from zoo.engine.runlock import RunLock
 from zoo.engine.trainer import Trainer, TrainerSettings
+from zoo.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +53,24 @@ def _positive_int(cfg: DictConfig, key: str) -> int:
     return value
 
 
+def _missing_keys(node, prefix: str = "") -> list[str]:
+    """Keys still ``???`` (read unresolved: resolving an interpolation to one would raise)."""
+    if isinstance(node, dict):
+        return [k for key, v in node.items() for k in _missing_keys(v, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [k for i, v in enumerate(node) for k in _missing_keys(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if node == "???" else []
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks Hydra cannot make (unknown keys and group choices Hydra already rejects)."""
+    missing = _missing_keys(OmegaConf.to_container(cfg, resolve=False))
+    if missing:
+        raise ConfigError(f"{missing[0]}: missing mandatory value; set it on the command line "
+                          f"({missing[0]}=...){'; also missing: ' + ', '.join(missing[1:]) if missing[1:] else ''}")
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed: expected a non-negative integer, got {seed!r}")
     _positive_int(cfg, "model.batch_size")
     _positive_int(cfg, "model.eval_batch_size")
     if cfg.model.net.get("name") not in zoo.list_models():
@@ -75,7 +95,19 @@ def build_amp(cfg: DictConfig):
 
 def build_data(cfg: DictConfig):
     data = build(cfg.data.builder, "data")
-    return data.build("train", cfg.seed), data.build("val", cfg.seed)
+    train_set, val_set = data.build("train", cfg.seed), data.build("val", cfg.seed)
+    report = data.data_report() if hasattr(data, "data_report") else None
+    return train_set, val_set, report
+
+
+def record_data_report(report: dict | None, out_dir: Path) -> dict | None:
+    """Write every skipped-sample message to data_problems.txt; return the counts for summary.json."""
+    if not report:
+        return None
+    lines = [f"{split}: {msg}" for split, r in report.items() for msg in r.get("problems", [])]
+    if lines:
+        atomic_write(out_dir / "data_problems.txt", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    return {split: {k: v for k, v in r.items() if k != "problems"} for split, r in report.items()}
 
 
 def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: int):
@@ -100,7 +132,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     seed_everything(cfg.seed)
     dist.init()
     device = current_device()
-    train_set, val_set = build_data(cfg)
+    train_set, val_set, data_report = build_data(cfg)
     names = getattr(val_set, "class_names", None)  # detection sets know their classes
     if names and "num_classes" in cfg.data and len(names) != int(cfg.data.num_classes):
         raise ConfigError(f"data.num_classes: {cfg.data.num_classes}, but data={cfg.data.name} has "
@@ -121,20 +153,46 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device}
+    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device,
+            "pretrained": getattr(dist.unwrap(model), "pretrained_report", None), "data_report": data_report}
     return trainer, info
 
 
-def train(cfg: DictConfig, out_dir: str | Path) -> dict:
-    """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json."""
-    t0 = time.time()
+def copy_launch_logs(out_dir: Path) -> None:
+    """Under ``paddle.distributed.launch``, copy the ranks' logs (``--log_dir``) into the run folder.
+
+    The launcher writes them to ``./log`` of wherever it was started unless told otherwise; a copy
+    beside summary.json keeps every rank's output with the run it belongs to.
+    """
+    log_dir = os.environ.get("PADDLE_LOG_DIR")
+    if dist.world_size() <= 1 or not log_dir or not Path(log_dir).is_dir():
+        return
+    dest = out_dir / "launch_log"
+    dest.mkdir(exist_ok=True)
+    for f in Path(log_dir).glob("workerlog.*"):
+        shutil.copyfile(f, dest / f.name)
+
+
+def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) -> dict:
+    """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
+
+    The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
+    line names it unless ``announce_folder`` is false (a temporary folder, as tools/benchmark.py uses).
+    """
     out_dir = Path(out_dir)
+    with RunLock(out_dir, enabled=dist.is_main()):
+        return _train(cfg, out_dir, announce_folder)
+
+
+def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
+    t0 = time.time()
     trainer, info = build_trainer(cfg, out_dir)
     amp = info["amp"]
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(trainer.config_yaml)
-        print(amp.describe(info["device_info"]), flush=True)
+        atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
+        info["data_report"] = record_data_report(info["data_report"], out_dir)
+        announce(amp.describe(info["device_info"]))
     result = trainer.fit()
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
     peak_mb, peak_kind = peak_memory_mb()
@@ -153,14 +211,18 @@ def train(cfg: DictConfig, out_dir: str | Path) -> dict:
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
-        "resumed_from": result["resumed_from"], "param_digests": digests,
+        "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
+        "pretrained": info["pretrained"], "data_report": info["data_report"],
+        "param_digests": digests,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
     }
     if dist.is_main():
+        copy_launch_logs(out_dir)
         write_json(out_dir / "summary.json", summary)
-        print(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
-              f"({summary['effective_precision']}); run folder {out_dir}", flush=True)
+        folder = f"; run folder {out_dir}" if announce_folder else ""
+        announce(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
+                 f"({summary['effective_precision']}){folder}")
     if not summary["ranks_in_sync"]:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
     return summary

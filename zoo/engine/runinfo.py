@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import os
 import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import paddle
+
+from zoo.fileio import with_filename
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -52,8 +56,26 @@ def run_stamp() -> str:
     return when.strftime("%Y-%m-%d_%H-%M-%S")
 
 
+def announce(message: str, stream=None, level: int = logging.INFO) -> None:
+    """Print ``message`` as it is (stdout by default) and put it in the log files too.
+
+    The console's plain lines (the precision line, the result, ``error: ...``, the interruption
+    line) would otherwise be missing from the run's ``train.log``, which only the logging handlers
+    write; the console handler is skipped so the line is not shown twice.
+    """
+    print(message, file=stream or sys.stdout, flush=True)
+    record = logging.LogRecord("ampzoo", level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def write_json(path: Path, obj: dict) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise with_filename(e, path) from e

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from zoo.amp.guard import NumericsGuardStop, nonfinite_grads
-from zoo.data import TrainBatchSampler, build_loader
+from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine import distributed as dist
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
-from zoo.models import compare_state_dict
+from zoo.engine.signals import StopRequests, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,25 @@ class TrainerSettings:
     eval_every: int = 0
     ckpt_every: int = 50
     resume: str | None = None
+    resume_allow_changes: bool = False
     progress: bool = True
     num_workers: int = 0
     draw_samples: int = 0
 
     def __post_init__(self):
+        def integer(key: str, minimum: int, what: str) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ValueError(f"trainer.{key}: expected {what}, got {v!r}")
+
         for key in ("max_steps", "log_every", "ckpt_every"):
-            if int(getattr(self, key)) <= 0:
-                raise ValueError(f"trainer.{key}: expected a positive integer, got {getattr(self, key)!r}")
-        if int(self.eval_every) < 0:
-            raise ValueError(f"trainer.eval_every: expected >= 0 (0 = only at the end), got {self.eval_every!r}")
-        if self.epochs is not None and float(self.epochs) <= 0:
-            raise ValueError(f"trainer.epochs: expected a positive number or null, got {self.epochs!r}")
+            integer(key, 1, "a positive integer")
+        integer("eval_every", 0, "an integer >= 0 (0 = only at the end)")
+        integer("num_workers", 0, "an integer >= 0 (0 = load in the main process)")
+        integer("draw_samples", 0, "an integer >= 0")
+        e = self.epochs
+        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float)) or e <= 0):
+            raise ValueError(f"trainer.epochs: expected a positive number or null, got {e!r}")
 
 
 class Trainer:
@@ -78,6 +86,8 @@ class Trainer:
         self.train_time = 0.0
         self.images_seen = 0
         self.resumed_from: str | None = None
+        self.saved_step: int | None = None  # step of the newest checkpoint of this run
+        self.resume_changes: dict | None = None  # settings that differ from the resumed checkpoint's
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -91,11 +101,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict, source: Path) -> None:
         layer = dist.unwrap(self.model)
-        report = compare_state_dict(layer.state_dict(), state["model"])
-        if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
-            raise ckpt.CheckpointError(f"{source} does not fit this model: missing {report['missing'][:5]}, "
-                                       f"unexpected {report['unexpected'][:5]}, "
-                                       f"shape mismatch {report['shape_mismatch'][:5]}")
+        ckpt.check_fits(layer, state["model"], source, "this model")
         layer.set_state_dict(state["model"])
         self.optimizer.set_state_dict(ckpt.optimizer_state_local(state["optimizer"], dist.unwrap(self.model)))
         self.scheduler.set_state_dict(state["scheduler"])
@@ -112,6 +118,7 @@ class Trainer:
         if self.main:
             ckpt.atomic_save(self.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.LAST)
         dist.barrier()
+        self.saved_step = self.step
 
     def _maybe_resume(self) -> None:
         own = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
@@ -122,14 +129,22 @@ class Trainer:
                 "or choose another hydra.run.dir. Nothing was overwritten.")
         if path is None:
             return
-        self.load_state_dict(ckpt.load(path), path)
+        state = ckpt.load(path)
+        self.resume_changes = ckpt.check_resume_config(state.get("config"), self.config_yaml, path,
+                                                       bool(self.s.resume_allow_changes))
+        self.load_state_dict(state, path)
         self.resumed_from = str(path)
+        self.saved_step = self.step
         self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step)
         log.info("resumed from %s at step %d", path, self.step)
 
     # ---- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train (resuming if asked), evaluate at the end, write the final checkpoint."""
+        """Train (resuming if asked), evaluate at the end, write the final checkpoint.
+
+        SIGINT/SIGTERM stop at the end of the current step with a checkpoint and raise
+        :class:`TrainingInterrupted` (see :mod:`zoo.engine.signals`).
+        """
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
                                     dist.world_size(), drop_last=True, start_step=self.step)
@@ -139,8 +154,37 @@ class Trainer:
                    desc="train", dynamic_ncols=True)
         self.amp.guard.attach(dist.unwrap(self.model))
         self.model.train()
+        with StopRequests(enabled=dist.world_size() == 1) as stop:
+            try:
+                self._loop(iter(loader), bar, stop)
+            except TrainingInterrupted:
+                raise
+            except KeyboardInterrupt:  # a second signal, or one outside the handlers' reach
+                raise self._interrupted(signal.SIGINT, saved=False) from None
+            except SampleLoadError as e:  # the steps done so far are kept: fix the file, then resume
+                if self.step and self.saved_step != self.step:
+                    self.save_checkpoint()
+                if self.saved_step is not None:
+                    raise SampleLoadError(f"{e}; checkpoint of step {self.saved_step} saved to "
+                                          f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}, resume with "
+                                          "trainer.resume=auto once the file is fixed") from None
+                raise
+            finally:
+                bar.close()
+        final = self.evaluate() if self.last_eval.get("step") != self.step else self.last_eval["metrics"]
+        self.save_checkpoint()
+        if self.s.draw_samples > 0 and self.main:
+            model = dist.unwrap(self.model)
+            with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
+                draw_samples(self.task, model, self.val_set, self.s.draw_samples,
+                             self.out_dir / "drawings", f"step{self.step}")
+        return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
+                "resume_changes": self.resume_changes,
+                "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
+                "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
+
+    def _loop(self, data_iter, bar, stop: StopRequests) -> None:
         window = {"steps": 0, "time": 0.0, "terms": {}}
-        data_iter = iter(loader)
         while self.step < self.s.max_steps:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
             batch = next(data_iter)
@@ -157,17 +201,21 @@ class Trainer:
             bar.update(1)
             self._guard(stepped, bad)
             self._after_step(window, bar)
-        bar.close()
-        final = self.evaluate() if self.last_eval.get("step") != self.step else self.last_eval["metrics"]
-        self.save_checkpoint()
-        if self.s.draw_samples > 0 and self.main:
-            model = dist.unwrap(self.model)
-            with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
-                draw_samples(self.task, model, self.val_set, self.s.draw_samples,
-                             self.out_dir / "drawings", f"step{self.step}")
-        return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
-                "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
-                "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
+            if stop.signum is not None and self.step < self.s.max_steps:
+                if self.saved_step != self.step:
+                    self.save_checkpoint()
+                raise self._interrupted(stop.signum, saved=True)
+
+    def _interrupted(self, signum: int, saved: bool) -> TrainingInterrupted:
+        path = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
+        if saved or self.saved_step == self.step:
+            where = f"checkpoint saved to {path}"
+        elif self.saved_step is not None:
+            where = f"not saved since step {self.saved_step} ({path})"
+        else:
+            where = "no checkpoint saved yet"
+        hint = ", resume with trainer.resume=auto" if self.saved_step is not None else ""
+        return TrainingInterrupted(f"interrupted at step {self.step}; {where}{hint}", signum)
 
     def train_step(self, batch) -> tuple[dict[str, float], bool, list[str]]:
         """Forward, backward, optimizer step: the same calls whatever the precision.

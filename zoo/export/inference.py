@@ -256,7 +256,7 @@ def export_from_config(cfg, out_dir) -> dict:
     input_shape, onnx (auto|true|false), opset, model_name, limit_side_len, limit_type.
     """
     import zoo
-    from zoo.engine.checkpoint import CheckpointError
+    from zoo.engine.checkpoint import check_fits
     from zoo.engine.evaluate_run import resolve_weights
     from zoo.engine.run import build, seed_everything
     from zoo.engine.runinfo import git_revision, write_json
@@ -274,10 +274,8 @@ def export_from_config(cfg, out_dir) -> dict:
         if not Path(str(cfg.weights)).exists():
             raise ExportError(f"weights: {cfg.weights} does not exist (a run folder, .pdckpt or .pdparams)")
         weights, source = resolve_weights(cfg.weights)
-        missing, unexpected = model.set_state_dict(weights)
-        if missing or unexpected:
-            raise CheckpointError(f"{source} does not fit model {cfg.model.name}: missing "
-                                  f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+        check_fits(model, weights, source, f"model {cfg.model.name}")
+        model.set_state_dict(weights)
     task = cfg.model.task
     target = str(task.get("_target_", ""))
     mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))

@@ -188,15 +188,38 @@ def _cast_floats(model_state: dict, ckpt_state: dict) -> dict:
     return out
 
 
-def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool = False, key_adapter: dict | None = None,
+# ``strict=None`` (the default) fails when fewer than this share of the keys could match: another
+# model's weights or a training checkpoint passed as ``pretrained`` would otherwise "load" with
+# matched=0 and train from random initialisation, with only a warning in the log.
+MIN_MATCHED_SHARE = 0.5
+
+
+def _check_enough_matched(path: str, model, model_state: dict, ckpt_state: dict, report: dict) -> None:
+    possible = min(len(model_state), len(ckpt_state))
+    if possible and len(report["matched"]) >= MIN_MATCHED_SHARE * possible:
+        return
+    hint = ""
+    if isinstance(ckpt_state.get("model"), dict) and "step" in ckpt_state:
+        hint = " It is a training checkpoint: continue it with trainer.resume=PATH instead."
+    expected, found = sorted(model_state)[:3], sorted(ckpt_state)[:3]
+    raise ValueError(
+        f"pretrained weights '{path}' do not fit {type(model).__name__}: {len(report['matched'])} of "
+        f"{len(model_state)} parameters match (model expects e.g. {expected}, the file has e.g. {found}; "
+        f"{_format_report(report, limit=3)}).{hint} Pass strict=false (model.net.strict=false) to load "
+        "the matching keys anyway.")
+
+
+def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool | None = None, key_adapter: dict | None = None,
                     member: str | None = None) -> dict:
     """Load a local weights file (``.pdparams``, ``.safetensors``, PaddleOCR ``*_train.tar``) into ``model``.
 
     Returns the report of :func:`compare_state_dict`. ``key_adapter`` (a registry entry's) renames
     keys; without it a backbone-only checkpoint gets the ``backbone.`` prefix its keys lack.
     ``strict=True`` raises ``ValueError`` listing missing, unexpected and shape-mismatched keys
-    instead of loading. Otherwise shape-mismatched entries are dropped before ``set_state_dict``, so
-    those parameters keep their initial values.
+    instead of loading; ``strict=None`` (default) raises when fewer than half the keys that could
+    match do (:data:`MIN_MATCHED_SHARE` of the smaller of the two key sets, so a backbone-only file
+    passes); ``strict=False`` loads whatever matches. Shape-mismatched entries are dropped before
+    ``set_state_dict``, so those parameters keep their initial values.
     """
     model_state = model.state_dict()
     ckpt_state = read_state(path, member)
@@ -211,6 +234,8 @@ def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool = False, key
     if strict and not clean:
         raise ValueError(f"strict loading of '{path}' into {type(model).__name__} failed: "
                          f"{_format_report(report, limit=20)}")
+    if strict is None:
+        _check_enough_matched(path, model, model_state, ckpt_state, report)
     bad = set(report["shape_mismatch"]) | set(report["unexpected"])
     with warnings.catch_warnings():
         # Paddle warns per skipped key; the report below already says it once.
@@ -221,13 +246,25 @@ def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool = False, key
     return report
 
 
-def create_model(name: str, pretrained=None, strict: bool = False, **overrides) -> paddle.nn.Layer:
+def _load_record(path: str, report: dict) -> dict:
+    """What summary.json says about the pretrained weights a model started from."""
+    from zoo.weights.hub import sha256_file
+
+    return {"file": str(path), "sha256": sha256_file(path),
+            **{k: len(v) for k, v in report.items()},
+            "missing_keys": report["missing"][:20], "unexpected_keys": report["unexpected"][:20],
+            "shape_mismatch_keys": report["shape_mismatch"][:20]}
+
+
+def create_model(name: str, pretrained=None, strict: bool | None = None, **overrides) -> paddle.nn.Layer:
     """Build the registered model ``name`` with ``overrides`` as constructor kwargs.
 
     ``pretrained`` is ``None`` (or ``False``) for random initialisation, a local weights file, an
     http(s) URL or a name from ``zoo.weights.list_weights()`` (downloaded into the cache and
     verified). ``strict=True`` fails with a ``ValueError`` listing missing, unexpected and
-    shape-mismatched keys. Unknown names raise :class:`UnknownModelError`; a missing file raises
+    shape-mismatched keys; the default (``None``) fails when under half the keys match, ``False``
+    loads whatever matches. The load report is kept as ``model.pretrained_report`` (file, sha256,
+    matched/missing/unexpected/shape_mismatch counts). Unknown names raise :class:`UnknownModelError`; a missing file raises
     ``FileNotFoundError``.
     """
     if name not in _MODEL_REGISTRY:
@@ -241,7 +278,9 @@ def create_model(name: str, pretrained=None, strict: bool = False, **overrides) 
         if spec is not None and spec.model != name:
             logger.warning("pretrained=%s is made for model '%s', loading it into '%s'", spec.name, spec.model, name)
     model = _MODEL_REGISTRY[name](**overrides)
+    model.pretrained_report = None
     if path is not None:
-        load_checkpoint(model, path, strict=strict, key_adapter=spec.key_adapter if spec else None,
-                        member=spec.member if spec else None)
+        report = load_checkpoint(model, path, strict=strict, key_adapter=spec.key_adapter if spec else None,
+                                 member=spec.member if spec else None)
+        model.pretrained_report = _load_record(path, report)
     return model

@@ -12,6 +12,12 @@ from zoo.report.runs import ReportInputError, group_runs, load_runs
 __all__ = ["ReportInputError", "make_report"]
 
 
+def report_dir(inputs, out=None) -> Path:
+    """Where :func:`make_report` writes: ``out``, else ``<first input>/report``."""
+    first = Path(inputs[0])
+    return Path(out) if out else (first.parent if first.is_file() else first) / "report"
+
+
 def make_report(inputs, out=None, delta=None, alpha=0.05) -> tuple[int, str]:
     """Build the report for ``inputs`` (run or multirun folders) and return (exit code, Markdown).
 
@@ -29,8 +35,7 @@ def make_report(inputs, out=None, delta=None, alpha=0.05) -> tuple[int, str]:
     groups, aside = group_runs(runs)
     table = parity_table(groups, delta=delta, alpha=alpha)
     ok = overall_ok(table)
-    first = Path(inputs[0])
-    out = Path(out) if out else (first.parent if first.is_file() else first) / "report"
+    out = report_dir(inputs, out)
     if out.is_file():
         raise ReportInputError(f"{out}: is a file, cannot write the report folder there")
     md = write_report(out, table, aside, groups, ok)

@@ -2,10 +2,12 @@
 
 Files live in ``<ampzoo cache>/weights/<host>/<url path>`` (``$AMPZOO_HOME/weights`` or
 ``~/.cache/ampzoo/weights``, see ``zoo/data/cache.py``), keyed by the official URL whichever
-mirror served them. A download goes to ``<file>.part``, resumes it with an HTTP Range request,
-retries transient failures with bounded exponential backoff, checks Content-Length and sha256, and
-is renamed into place only when complete and verified. Without a published sha256 the first
-download records one in ``weights/checksums.json`` and later downloads must match it.
+mirror served them. A download goes to ``<file>.part`` (the server's ETag / Last-Modified beside
+it in ``.part.meta``), resumes it with an HTTP Range + If-Range request (so a file changed on the
+server is sent whole, never spliced onto the old part), retries transient failures with bounded
+exponential backoff, checks Content-Length and sha256, and is renamed into place only when complete
+and verified. Without a published sha256 the first download that parses as weights is pinned in
+``weights/checksums.json`` (:mod:`zoo.weights.pins`) and later downloads must match it.
 """
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ from pathlib import Path
 import yaml
 
 from zoo.data.cache import cache_dir
+from zoo.weights import pins
 
 log = logging.getLogger(__name__)
 
 REGISTRY_FILE = Path(__file__).with_name("registry.yaml")
 MIRROR_ENV = "AMPZOO_WEIGHTS_MIRROR"
-CHECKSUMS = "checksums.json"
+CHECKSUMS = pins.CHECKSUMS
 DEFAULT_RETRIES, DEFAULT_BACKOFF, DEFAULT_TIMEOUT = 3, 1.0, 60.0
 _FORMATS = ("pdparams", "tar", "safetensors")
 _CHUNK = 1 << 16
@@ -167,27 +170,11 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_checksums() -> dict:
-    """``{official url: {"sha256", "size", "file"}}`` recorded by first downloads."""
-    path = weights_dir() / CHECKSUMS
-    if not path.is_file():
-        return {}
+    """``{official url: {"sha256", "size", "file", "recorded", "etag", ...}}`` pinned by first downloads."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise WeightsError(f"{path}: unreadable checksum record ({e}); fix or delete it") from e
-    if not isinstance(data, dict):
-        raise WeightsError(f"{path}: expected a JSON object of URLs, got {type(data).__name__}")
-    return data
-
-
-def _record_checksum(url: str, digest: str, file: Path) -> None:
-    records = read_checksums()
-    records[url] = {"sha256": digest, "size": file.stat().st_size, "file": str(file.relative_to(weights_dir()))}
-    path = weights_dir() / CHECKSUMS
-    tmp = path.with_name(f".{CHECKSUMS}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    log.info("recorded sha256 %s for %s", digest, url)
+        return pins.read_checksums(weights_dir())
+    except ValueError as e:
+        raise WeightsError(str(e)) from None
 
 
 @contextlib.contextmanager
@@ -212,10 +199,50 @@ class _Retry(Exception):
     """A transient failure: try again (resuming the .part file)."""
 
 
-def _open(url: str, have: int, timeout: float):
+def _meta_path(part: Path) -> Path:
+    return part.with_name(part.name + ".meta")
+
+
+def _discard_part(part: Path) -> None:
+    part.unlink(missing_ok=True)
+    _meta_path(part).unlink(missing_ok=True)
+
+
+def _read_meta(part: Path) -> dict:
+    try:
+        meta = json.loads(_meta_path(part).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _resume_point(url: str, part: Path) -> tuple[int, str | None]:
+    """Bytes of ``part`` to resume from and the ``If-Range`` validator; (0, None) to start afresh.
+
+    A ``.part`` is only resumed when the ETag (strong) or Last-Modified of the response that
+    started it is recorded beside it (``.part.meta``) for the same URL: with ``If-Range`` the server
+    then sends the rest only if its file is still that one, else the whole new file.
+    """
+    have = part.stat().st_size if part.is_file() else 0
+    if not have:
+        return 0, None
+    meta = _read_meta(part)
+    etag, modified = meta.get("etag"), meta.get("last_modified")
+    validator = etag if etag and not etag.startswith("W/") else modified
+    if meta.get("url") != url or not validator:
+        log.warning("%s: no record of which version of %s it holds (ETag/Last-Modified); downloading from "
+                    "the start", part, url)
+        _discard_part(part)
+        return 0, None
+    return have, validator
+
+
+def _open(url: str, have: int, timeout: float, validator: str | None = None):
     request = urllib.request.Request(url, headers={"User-Agent": "ampzoo", "Accept-Encoding": "identity"})
     if have:
         request.add_header("Range", f"bytes={have}-")
+        if validator:
+            request.add_header("If-Range", validator)
     try:
         return urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
@@ -236,20 +263,31 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool | None) -> 
     """One HTTP request writing or appending to ``part``; raises :class:`_Retry` on transient failures."""
     from tqdm import tqdm
 
-    have = part.stat().st_size if part.exists() else 0
-    with _open(url, have, timeout) as response:
+    have, validator = _resume_point(url, part)
+    with _open(url, have, timeout, validator) as response:
         start = 0
+        etag, modified = response.headers.get("ETag"), response.headers.get("Last-Modified")
         if response.status == 206:
             content_range = response.headers.get("Content-Range", "")
             if not content_range.startswith(f"bytes {have}-"):
-                part.unlink()
+                _discard_part(part)
                 raise _Retry(f"{url}: server answered Range bytes={have}- with Content-Range {content_range!r}")
+            if validator not in (etag, modified) and (etag or modified):  # If-Range ignored, file changed
+                _discard_part(part)
+                raise _Retry(f"{url} changed since {part} was started (ETag/Last-Modified differ); "
+                             "starting again")
             start = have
+        elif have:  # 200 to a ranged request: the file changed (If-Range) or ranges are unsupported
+            log.warning("%s: the server sent the whole file instead of the rest; starting %s again", url, part)
+        if not start:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            _meta_path(part).write_text(json.dumps({"url": url, "etag": etag, "last_modified": modified}),
+                                        encoding="utf-8")
         length = response.headers.get("Content-Length")
         total = start + int(length) if length and length.isdigit() else None
         free = shutil.disk_usage(part.parent).free
         if total is not None and total - start > free:
-            part.unlink(missing_ok=True)
+            _discard_part(part)
             raise DownloadError(f"no space left for {url}: needs {total - start} bytes in {part.parent}, "
                                 f"{free} free")
         received = start
@@ -269,7 +307,7 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool | None) -> 
                     if e.errno != errno.ENOSPC:
                         raise
                     f.close()
-                    part.unlink(missing_ok=True)
+                    _discard_part(part)
                     raise DownloadError(f"no space left on device writing {part} (downloading {url})") from None
                 received += len(chunk)
                 bar.update(len(chunk))
@@ -293,7 +331,7 @@ def _fetch(url: str, part: Path, retries: int, backoff: float, timeout: float, p
         except _Retry as e:
             last = e
         except DownloadError:
-            part.unlink(missing_ok=True)
+            _discard_part(part)
             raise
     kept = f"; {part} is kept and the next download resumes it" if part.exists() else ""
     raise DownloadError(f"download failed after {retries + 1} attempts: {last}{kept}")
@@ -312,53 +350,99 @@ def _expected_sha(url: str, sha256: str | None) -> str | None:
     return sha256 or (read_checksums().get(url) or {}).get("sha256")
 
 
-def _verify_cached(url: str, dest: Path, sha256: str | None) -> Path:
+def _mismatch(what: str, url: str, expected: str, actual: str, published: bool, done: str) -> str:
+    """A checksum mismatch message saying which record disagrees, where it is, and how to re-trust."""
+    if published:
+        source = f"the sha256 published in the registry ({REGISTRY_FILE})"
+        fix = "a published checksum always wins: check the mirror (or the registry entry)"
+    else:
+        source = pins.describe(weights_dir(), url) + ", recorded on first download"
+        fix = (f"if the server's file changed (or the first download was bad), re-trust it with "
+               f"'python tools/download.py {url} --retrust', which forgets that entry and pins the new file")
+    return f"checksum mismatch for {what}: expected sha256 {expected}, actual {actual} ({source}); {done}. {fix}"
+
+
+def _verify_cached(url: str, dest: Path, sha256: str | None, fmt: str) -> bool:
+    """True if the cached ``dest`` is good (pinning it if nothing was); False if it was deleted."""
     expected, actual = _expected_sha(url, sha256), sha256_file(dest)
     if expected is None:
-        _record_checksum(url, actual, dest)
+        reason = pins.not_weights_reason(dest, fmt)
+        if reason:
+            log.warning("cached %s is not weights (%s): deleting it and downloading again", dest, reason)
+            dest.unlink()
+            return False
+        pins.record(weights_dir(), url, actual, dest)
     elif actual != expected:
-        raise ChecksumError(f"cached {dest} does not match {url}: expected sha256 {expected}, actual {actual}; "
-                            f"delete it (or run tools/download.py --force) to download it again")
-    return dest
+        raise ChecksumError(_mismatch(f"cached {dest} (of {url})", url, expected, actual, bool(sha256),
+                                      "delete it (or run tools/download.py --force) to download it again"))
+    return True
+
+
+def _fetch_verified(url: str, source: str, part: Path, sha256: str | None, fmt: str, fetch) -> str:
+    """Download into ``part`` and check it; returns its sha256 (the file is deleted if it is refused)."""
+    expected = _expected_sha(url, sha256)
+    resumed = part.is_file() and part.stat().st_size > 0
+    fetch()
+    actual = sha256_file(part)
+    if expected and actual != expected and resumed:
+        log.warning("%s: checksum mismatch after resuming %s; downloading it again from the start", url, part)
+        _discard_part(part)
+        fetch()
+        actual = sha256_file(part)
+    if expected and actual != expected:
+        _discard_part(part)
+        raise ChecksumError(_mismatch(f"{url} (downloaded from {source})", url, expected, actual, bool(sha256),
+                                      "the download was deleted"))
+    if expected is None:
+        reason = pins.not_weights_reason(part, fmt)
+        if reason:
+            _discard_part(part)
+            raise DownloadError(f"{source} did not send a weights file: {reason}; the download was deleted "
+                                "and no checksum was recorded")
+    return actual
 
 
 def download(url: str, sha256: str | None = None, *, retries: int = DEFAULT_RETRIES,
              backoff: float = DEFAULT_BACKOFF, timeout: float = DEFAULT_TIMEOUT, progress: bool | None = None,
-             force: bool = False) -> Path:
+             force: bool = False, retrust: bool = False, fmt: str | None = None) -> Path:
     """Download ``url`` into the cache (or reuse the cached, verified copy) and return its path.
 
-    ``sha256`` (else the recorded one) must match; with neither, the file's sha256 is recorded.
-    URLs on the registry's hosts go through ``$AMPZOO_WEIGHTS_MIRROR`` when it is set.
+    ``sha256`` (published; else the one pinned by the first download) must match; with neither,
+    the file must parse as weights of format ``fmt`` (default: from its name) and its sha256 is
+    pinned in ``checksums.json`` with its size and the server's validators. ``force`` downloads
+    again (still verified); ``retrust`` also forgets the pin first. URLs on the registry's hosts
+    go through ``$AMPZOO_WEIGHTS_MIRROR`` when it is set.
     """
     dest = cache_path(url)
+    fmt = pins.format_of(dest, fmt)
     source = mirror_url(url) if urllib.parse.urlsplit(url).netloc in _official_hosts() else url
+    part = dest.with_name(dest.name + ".part")
     with _cache_lock():
-        if force:
+        if retrust:
+            old = pins.forget(weights_dir(), url)
+            if old:
+                log.warning("forgot the sha256 %s pinned for %s on %s (--retrust)", old.get("sha256"), url,
+                            old.get("recorded", "first download"))
+            _discard_part(part)
+        if force or retrust:
             dest.unlink(missing_ok=True)
-        if dest.is_file():
-            return _verify_cached(url, dest, sha256)
-        part = dest.with_name(dest.name + ".part")
-        expected = _expected_sha(url, sha256)
-        resumed = part.is_file() and part.stat().st_size > 0
+        if dest.is_file() and _verify_cached(url, dest, sha256, fmt):
+            return dest
         try:
-            _fetch(source, part, retries, backoff, timeout, progress)
-            actual = sha256_file(part)
-            if expected and actual != expected and resumed:
-                log.warning("%s: checksum mismatch after resuming %s; downloading it again from the start", url, part)
-                part.unlink()
-                _fetch(source, part, retries, backoff, timeout, progress)
-                actual = sha256_file(part)
-            if expected and actual != expected:
-                part.unlink()
-                raise ChecksumError(f"checksum mismatch for {url} (downloaded from {source}): expected sha256 "
-                                    f"{expected}, actual {actual}; the download was deleted")
+            actual = _fetch_verified(url, source, part, sha256, fmt,
+                                     lambda: _fetch(source, part, retries, backoff, timeout, progress))
         except WeightsError:
             if not part.exists():
                 _prune_empty_dirs(part)
             raise
+        meta = _read_meta(part)
+        pinned = _expected_sha(url, sha256) is not None
         os.replace(part, dest)
-        if expected is None:
-            _record_checksum(url, actual, dest)
+        _meta_path(part).unlink(missing_ok=True)
+        if not pinned:
+            pins.record(weights_dir(), url, actual, dest,
+                        {"etag": meta.get("etag"), "last_modified": meta.get("last_modified")})
+            log.info("pinned sha256 %s for %s in %s", actual, url, pins.checksums_path(weights_dir()))
     log.info("downloaded %s to %s", source, dest)
     return dest
 
@@ -381,7 +465,7 @@ def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
         raise WeightsError(f"pretrained={text!r}: only http(s) URLs can be downloaded")
     if text in registry():
         spec = registry()[text]
-        return download(spec.url, spec.sha256, **download_options), spec
+        return download(spec.url, spec.sha256, fmt=spec.format, **download_options), spec
     if text.endswith(_FILE_SUFFIXES) or any(sep in text for sep in (os.sep, os.altsep) if sep):
         raise FileNotFoundError(f"pretrained weights file not found: '{text}'")
     raise UnknownWeightsError(f"pretrained={text!r} is not a file, an http(s) URL or a known weights name; "

@@ -1,0 +1,121 @@
+"""Promised clean errors (one ``error:`` line naming the key or file, exit 2) and clean interruption."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, TINY, compose
+
+import _entry
+from zoo.engine import checkpoint as ckpt
+from zoo.engine.run import train
+from zoo.engine.trainer import Trainer
+
+
+def _run(cfg, out_dir, capsys):
+    """tools/train.py's body in-process: returns (exit status, stderr)."""
+    with pytest.raises(SystemExit) as exit_:
+        _entry.run_or_exit(train, cfg, out_dir)
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["experiment=db_mv3_icdar2015"], "error: data.root: missing mandatory value"),
+    ([*TINY, "seed=abc"], "error: seed: expected a non-negative integer, got 'abc'"),
+    ([*TINY, "trainer.num_workers=-1"], "error: trainer.num_workers: expected an integer >= 0"),
+    ([*TINY, "trainer.max_steps=abc"], "error: trainer.max_steps: expected a positive integer, got 'abc'"),
+    ([*TINY, "trainer.epochs=soon"], "error: trainer.epochs: expected a positive number or null"),
+])
+def test_bad_values_are_one_line_with_status_2(tmp_path, capsys, overrides, expect):
+    status, err = _run(compose(overrides), tmp_path / "run", capsys)
+    assert status == 2 and err.strip().splitlines() == [err.strip().splitlines()[0]]
+    assert err.startswith(expect), err
+
+
+def test_disk_full_names_the_file(tiny_cfg, tmp_path, capsys):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full to emulate a full disk")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to("/dev/full")  # every write to it fails with ENOSPC
+    status, err = _run(tiny_cfg(), run, capsys)
+    assert status == 2 and f"{run / 'metrics.jsonl'}" in err and "No space left on device" in err, err
+
+
+def _signal_at_step(monkeypatch, signum, at_step):
+    real_step = Trainer.train_step
+
+    def step(self, batch):
+        if self.step == at_step:
+            os.kill(os.getpid(), signum)  # delivered to the handler before the next bytecode
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_saves_a_checkpoint_at_the_end_of_the_step(tiny_cfg, tmp_path, capsys, monkeypatch,
+                                                         signum, status):
+    run = tmp_path / "run"
+    _signal_at_step(monkeypatch, signum, at_step=2)  # during step 3; ckpt_every=2 saved step 2
+    code, err = _run(tiny_cfg("trainer.max_steps=6", "trainer.ckpt_every=4"), run, capsys)
+    assert code == status
+    assert err.strip().splitlines()[-1] == (f"interrupted at step 3; checkpoint saved to {run / 'checkpoints' / ckpt.LAST}, "
+                           "resume with trainer.resume=auto")
+    assert ckpt.load(run / "checkpoints" / ckpt.LAST)["step"] == 3 and not (run / "summary.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    monkeypatch.undo()
+    resumed = train(tiny_cfg("trainer.max_steps=6", "trainer.ckpt_every=4", "trainer.resume=auto"), run)
+    assert resumed["steps"] == 6 and resumed["resumed_from"].endswith(ckpt.LAST)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ctrl_c_in_a_real_process_prints_one_line_and_exits_130(tmp_path, ampzoo_home, workers):
+    """Ctrl-C in a terminal signals the whole process group, loader workers included."""
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", AMPZOO_HOME=str(ampzoo_home))
+    proc = subprocess.Popen([sys.executable, "tools/train.py", *TINY, "trainer.max_steps=100000",
+                             "trainer.ckpt_every=100000", f"trainer.num_workers={workers}",
+                             f"hydra.run.dir={run}"], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while not (run / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted at step ") and "resume with trainer.resume=auto" in last
+    assert "Traceback" not in err
+    step = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    assert ckpt.load(run / "checkpoints" / ckpt.LAST)["step"] >= step
+
+
+def test_missing_image_file_in_a_list_is_one_line_naming_it(tmp_path, capsys):
+    import cv2
+    import numpy as np
+
+    root = tmp_path / "imagenet"
+    (root / "img").mkdir(parents=True)
+    for i in range(3):
+        cv2.imwrite(str(root / "img" / f"{i}.png"), np.full((40, 40, 3), 60 * i, np.uint8))
+    lines = [f"img/{i % 3}.png {i % 2}" for i in range(7)] + ["img/gone.png 1"]
+    (root / "train_list.txt").write_text("\n".join(lines) + "\n")
+    (root / "val_list.txt").write_text("\n".join(lines[:4]) + "\n")
+    tiny = [o for o in TINY if not o.startswith("data.builder.num_")]
+    cfg = compose([*tiny, "data=imagenet", f"data.root={root}", "data.num_classes=2", "model.batch_size=4",
+                   "model.eval_batch_size=2", "data.builder.image_size=32", "data.builder.resize_size=36",
+                   "trainer.max_steps=4"])
+    status, err = _run(cfg, tmp_path / "run", capsys)
+    assert status == 2 and "Traceback" not in err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and f"image file not found: {root / 'img' / 'gone.png'}" in line[0]

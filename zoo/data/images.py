@@ -1,0 +1,92 @@
+"""Image files checked before they are trusted: truncation, decodability, size against the annotation.
+
+OpenCV decodes a JPEG cut short with only a "Premature end of JPEG file" warning and returns an
+image whose lower part is grey, so a decode that succeeds proves little. A complete JPEG ends with
+the EOI marker ``FF D9`` and a complete PNG with its ``IEND`` chunk; those ends are checked here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+__all__ = ["ImageDecodeError", "decode_image", "image_size", "truncation_problem", "verify_image_file"]
+
+_JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
+_PNG_SIG, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+_TAIL = 64  # bytes read from the end of a file to find its end marker
+_EXIF_TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height when applied
+
+
+class ImageDecodeError(ValueError):
+    """An image file exists but cannot be decoded (or is cut short)."""
+
+
+def truncation_problem(head: bytes, tail: bytes) -> str | None:
+    """Why a JPEG/PNG whose first and last bytes are ``head``/``tail`` is incomplete, else None.
+
+    Trailing NUL padding (some cameras and copy tools add it) after the end marker is allowed.
+    """
+    end = tail.rstrip(b"\x00")
+    if head.startswith(_JPEG_SOI) and not end.endswith(_JPEG_EOI):
+        return "JPEG file is truncated (no end-of-image marker FF D9 at its end)"
+    if head.startswith(_PNG_SIG) and not end.endswith(_PNG_IEND):
+        return "PNG file is truncated (no IEND chunk at its end)"
+    return None
+
+
+def decode_image(data: bytes, path: str | os.PathLike) -> np.ndarray:
+    """Decode ``data`` (the bytes of ``path``) to an HWC uint8 BGR array; refuses truncated files."""
+    problem = truncation_problem(data[:8], data[-_TAIL:]) if data else "file is empty"
+    if problem:
+        raise ImageDecodeError(f"cannot decode image file {path}: {problem}")
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if img is None:
+        raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
+    return img
+
+
+def image_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(height, width) of the image as :func:`decode_image` returns it, read from the header only.
+
+    OpenCV applies the EXIF orientation, so an orientation that transposes swaps the two.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            orientation = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
+    except Exception as e:  # PIL raises many types for unreadable headers
+        raise ImageDecodeError(f"cannot read image header of {path}: {type(e).__name__}: {e}") from None
+    return (w, h) if orientation in _EXIF_TRANSPOSED else (h, w)
+
+
+def verify_image_file(path: str | os.PathLike, expected_hw: tuple[int, int] | None = None,
+                      decode: bool = False) -> None:
+    """Check that ``path`` exists, is complete and (optionally) has size ``expected_hw`` (h, w).
+
+    ``decode=True`` also decodes a reduced (1/8) image, which reads the whole file and catches
+    corrupt data inside it; otherwise only the header and the last bytes are read (cheap enough
+    for COCO's 118k images). Raises FileNotFoundError or :class:`ImageDecodeError` naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file not found: {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        f.seek(max(size - _TAIL, 0))
+        tail = f.read()
+    problem = truncation_problem(head, tail) if size else "file is empty"
+    if problem:
+        raise ImageDecodeError(f"cannot decode image file {path}: {problem}")
+    if decode and cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8) is None:
+        raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
+    if expected_hw is not None:
+        hw = image_size(path)
+        if hw != tuple(int(v) for v in expected_hw):
+            raise ImageDecodeError(f"image file {path} is {hw[1]}x{hw[0]} (w x h) but its annotation says "
+                                   f"{int(expected_hw[1])}x{int(expected_hw[0])}")

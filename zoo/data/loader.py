@@ -1,0 +1,148 @@
+"""A ``paddle.io.DataLoader`` whose loading errors end the run instead of hanging it.
+
+Paddle's single-process loader reads batches in a thread; when a sample raises there the thread
+dies and the main thread waits for ever on the batch queue (Ctrl-C cannot interrupt it). Worker
+processes fare little better: the main thread gets ``SystemError: Blocking queue is killed``
+without the cause. So the dataset and collate function are wrapped: an exception while loading
+becomes a small "error batch" that travels the normal way, and the iterator raises
+:class:`SampleLoadError` with the original message (which names the file) in the main thread.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["SampleLoadError", "build_loader"]
+
+_ERROR_KEY = "__ampzoo_load_error__"
+
+
+class SampleLoadError(RuntimeError):
+    """A sample could not be loaded during training or evaluation; the message names the file."""
+
+
+class _Failure:
+    """Stands in for an item whose loading raised (lives only inside the loading process)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _describe(err: BaseException) -> str:
+    msg = str(err)
+    return msg if isinstance(err, (OSError, ValueError)) and msg else f"{type(err).__name__}: {msg}"
+
+
+class _GuardedDataset:
+    """``dataset[key]``, with an exception turned into a :class:`_Failure`."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        try:
+            return self.dataset[key]
+        except Exception as e:  # noqa: BLE001  (any loading error must reach the main thread)
+            msg = _describe(e)
+            return _Failure(msg if f"key {int(key)}" in msg else f"{msg} (sample key {int(key)})")
+
+
+def _non_numeric(batch, key: str = "batch"):
+    """``(field, dtype)`` of the first array Paddle could not turn into a tensor, else None.
+
+    The conversion happens in Paddle's loader thread after collation, where a failure would
+    again kill the thread and leave the main thread waiting.
+    """
+    if isinstance(batch, dict):
+        return next((r for k, v in batch.items() if (r := _non_numeric(v, str(k))) is not None), None)
+    if isinstance(batch, (list, tuple)):
+        return next((r for i, v in enumerate(batch) if (r := _non_numeric(v, f"{key}[{i}]")) is not None), None)
+    if isinstance(batch, np.ndarray) and batch.dtype.kind not in "biuf":
+        return key, str(batch.dtype)
+    return None
+
+
+class _GuardedCollate:
+    """The dataset's collate function; a failed item or collate error becomes an error batch."""
+
+    def __init__(self, collate_fn):
+        self.collate_fn = collate_fn
+
+    def __call__(self, items):
+        failed = next((it for it in items if isinstance(it, _Failure)), None)
+        if failed is None:
+            try:
+                batch = self.collate_fn(items)
+                bad = _non_numeric(batch)
+                if bad is None:
+                    return batch
+                failed = _Failure(f"cannot batch samples: field {bad[0]!r} has dtype {bad[1]} (only numbers "
+                                  "and booleans become tensors)")
+            except Exception as e:  # noqa: BLE001
+                failed = _Failure(f"cannot batch samples: {_describe(e)}")
+        return {_ERROR_KEY: np.frombuffer(failed.message.encode("utf-8", "replace"), np.uint8).copy()}
+
+
+class GuardedLoader:
+    """Iterates a DataLoader built on guarded dataset/collate; raises :class:`SampleLoadError`."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            if isinstance(batch, dict) and _ERROR_KEY in batch:
+                message = bytes(np.asarray(batch[_ERROR_KEY].numpy())).decode("utf-8", "replace")
+                raise SampleLoadError(f"data loading failed: {message}")
+            yield batch
+
+
+def _die_with_parent(worker_id: int) -> None:
+    """Worker start-up: ask Linux to SIGKILL this worker when the training process dies.
+
+    Paddle's workers notice a dead parent only between batches (every 5 s); one busy with a slow
+    sample (a huge image, a stuck network file system) would outlive a kill -9 of the run.
+    """
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: rely on Paddle's own parent check
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
+    """Wrap ``dataset`` and a batch sampler (:mod:`zoo.data.sampler`) in a ``paddle.io.DataLoader``.
+
+    Batches are dicts of stacked tensors (paddle's default collate), e.g.
+    ``{"image": [B,3,H,W] float32, "label": [B] int64}``; a dataset with a
+    ``collate_fn`` attribute batches its own items (e.g. multi-scale resizing).
+    Works with the infinite :class:`~zoo.data.sampler.TrainBatchSampler` for any ``num_workers``.
+    A sample that fails to load raises :class:`SampleLoadError` naming it (never a hang).
+    """
+    import paddle  # local import: the samplers themselves do not need paddle
+    from paddle.io.dataloader.collate import default_collate_fn
+
+    if int(num_workers) < 0:
+        raise ValueError(f"trainer.num_workers: expected 0 (load in the main process) or more worker "
+                         f"processes, got {num_workers}")
+    collate = getattr(dataset, "collate_fn", None) or default_collate_fn
+    return GuardedLoader(paddle.io.DataLoader(
+        _GuardedDataset(dataset),
+        batch_sampler=batch_sampler,
+        num_workers=int(num_workers),
+        return_list=True,
+        collate_fn=_GuardedCollate(collate),
+        worker_init_fn=_die_with_parent if int(num_workers) > 0 else None,
+    ))
