@@ -37,7 +37,7 @@ def _batch(cfg):
     from zoo.engine.run import build_data, seed_everything
 
     seed_everything(cfg.seed)
-    train_set, _ = build_data(cfg)
+    train_set, _, _ = build_data(cfg)
     sampler = TrainBatchSampler(len(train_set), cfg.model.batch_size, cfg.seed, 0, 1, drop_last=True)
     return next(iter(build_loader(train_set, sampler, 0)))
 
