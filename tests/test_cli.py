@@ -66,6 +66,19 @@ def test_multirun_sweep_writes_one_folder_per_job(tmp_path, ampzoo_home):
     assert effective == {"fp32", "emulated-fp16-O1"}
 
 
+def test_sweep_without_sweep_dir_puts_all_jobs_in_one_stamped_folder(tmp_path, ampzoo_home):
+    # The default hydra.sweep.dir is multirun/${run_stamp:}; Hydra resolves it again per job, and
+    # each job takes seconds, so without one stamp per process the jobs land in different folders.
+    out = run_tool([str(ROOT / "tools" / "train.py"), "-m", *TINY, "trainer.max_steps=2", "amp=fp32,O1"],
+                   tmp_path, {"AMPZOO_HOME": str(ampzoo_home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    stamps = sorted(p.name for p in (tmp_path / "multirun").iterdir())
+    assert len(stamps) == 1, stamps
+    summaries = sorted((tmp_path / "multirun" / stamps[0]).glob("*/summary.json"))
+    assert [p.parent.name for p in summaries] == ["0_resnet_tiny_synthetic_shapes_fp32_seed0",
+                                                  "1_resnet_tiny_synthetic_shapes_O1_seed0"]
+
+
 @pytest.mark.slow
 def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
     small = [o for o in TINY if not o.startswith("trainer.max_steps")]
