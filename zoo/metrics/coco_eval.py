@@ -146,7 +146,8 @@ class COCOMetric:
     def bootstrap_map(self, n_resamples: int = 200, level: float = LEVEL, seed: int = SEED) -> dict:
         """Bootstrap CI over images of mAP, by :meth:`resampled_map` (no matching is redone).
 
-        Measured on the embedded PP-YOLOE validation split: see README (parity report).
+        Measured on 2 CPU cores, the embedded PP-YOLOE split (200 images) and an untrained model (many
+        low-score detections, the slow case): 200 resamples in 3.8 s, about 19 ms each.
         """
         if self._eval is None:
             raise RuntimeError("COCOMetric.bootstrap_map before accumulate()")
