@@ -349,6 +349,12 @@ def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     assert "bbbb222 (1 run: 3_O1_seed1)" in err and "--allow-mixed" in err
     assert report_tool.main([str(sweep), "--allow-mixed"]) in (0, 1)
     assert "Compared despite differences (--allow-mixed):" in capsys.readouterr().out
+    for run in sweep.iterdir():  # one revision, but a modified tree: compared, with a note
+        if run.name != "report":
+            s = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**s, "git_revision": "aaaa111-dirty"}))
+    assert report_tool.main([str(sweep)]) in (0, 1)
+    assert "runs of a modified source tree (aaaa111-dirty)" in capsys.readouterr().out
     # library versions and configs are checked the same way
     s = json.loads((sweep / "3_O1_seed1" / "summary.json").read_text())
     s.update(git_revision="aaaa111", versions={"paddle": "3.2.0", "numpy": "2.4.6"}, config_digest="beef")

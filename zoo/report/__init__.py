@@ -1,7 +1,9 @@
 """AMP-vs-FP32 accuracy parity report over finished run folders (``tools/report.py``).
 
-runs.py loads and groups run folders, stats.py holds the numpy-only t distribution and TOST,
-parity.py decides per group, render.py writes report.md / report.json / PNGs / index.html.
+runs.py loads and groups run folders and checks they may be compared, stats.py holds the numpy-only
+t distribution, TOST (Welch and paired) and the TOST sample size, parity.py pairs runs and decides
+per group, details.py words each comparison, render.py writes report.md / report.json / PNGs /
+index.html.
 """
 from __future__ import annotations
 
@@ -40,5 +42,9 @@ def make_report(inputs, out=None, delta=None, alpha=0.05, allow_mixed=False) -> 
     out = Path(out) if out else (first.parent if first.is_file() else first) / "report"
     if out.is_file():
         raise ReportInputError(f"{out}: is a file, cannot write the report folder there")
-    md = write_report(out, table, aside, groups, ok, mixed)
+    revisions = {str(r.summary.get("git_revision")) for by_prec in groups.values()
+                 for runs in by_prec.values() for r in runs}
+    notes = [f"runs of a modified source tree ({rev}): the git revision does not pin their code"
+             for rev in sorted(revisions) if rev.endswith("-dirty")]
+    md = write_report(out, table, aside, groups, ok, mixed, notes)
     return (0 if ok else 1), md

@@ -69,8 +69,8 @@ def details(table: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(table: list[dict], aside: list, mixed: list | None = None) -> str:
-    """The Markdown report: parity table, margins used, per-comparison details, set-aside runs."""
+def markdown(table: list[dict], aside: list, mixed: list | None = None, notes: list | None = None) -> str:
+    """The Markdown report: parity table, margins, per-comparison details, set-aside runs, notes."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(table)]
     lines.append("")
@@ -83,6 +83,8 @@ def markdown(table: list[dict], aside: list, mixed: list | None = None) -> str:
     lines += details(table)
     if mixed:
         lines += ["", "Compared despite differences (--allow-mixed):", ""] + [f"- {m}" for m in mixed]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     if aside:
         lines += ["", "Set aside (neither AMP nor FP32 evidence):", ""]
         lines += [f"- `{a.path}`: {a.reason}" for a in aside]
@@ -201,15 +203,15 @@ def _jsonable(obj):
 
 
 def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bool,
-                 mixed: list | None = None) -> str:
+                 mixed: list | None = None, notes: list | None = None) -> str:
     """Write every report file into ``out``; returns the Markdown text."""
     out.mkdir(parents=True, exist_ok=True)
-    md = markdown(table, aside, mixed)
+    md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
     images = [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
     data = {"all_equivalent": ok, "groups": table, "images": images,
             "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
-            "mixed_provenance": list(mixed or [])}
+            "mixed_provenance": list(mixed or []), "notes": list(notes or [])}
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    (out / "index.html").write_text(_html(table, aside, images, mixed))
+    (out / "index.html").write_text(_html(table, aside, images, [*(mixed or []), *(notes or [])]))
     return md
