@@ -38,8 +38,10 @@ _STAMP: str | None = None  # one stamp per process: every job of a Hydra -m swee
 def run_stamp() -> str:
     """Time stamp for the run folder, equal on every rank of one launch and every job of one sweep.
 
-    Hydra resolves ``hydra.sweep.dir`` again for each job of a ``-m`` sweep (its own ``${now:}``
-    is cached per job config only), so the stamp is computed once per process and reused.
+    Hydra resolves ``hydra.sweep.dir`` again for each job of a ``-m`` sweep, so an uncached resolver
+    gives each job its own folder; the stamp is computed once per process and reused. (Hydra's own
+    ``${now:}`` is registered with a cache that each job's config inherits, which is why it does not
+    drift; this resolver also names distributed launches by the launcher's start time.)
     Ranks start at slightly different times; under ``paddle.distributed.launch`` they share the
     launcher as parent, so its start time names the folder. ``AMPZOO_RUN_STAMP`` overrides.
     """
