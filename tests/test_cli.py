@@ -67,6 +67,24 @@ def test_multirun_sweep_writes_one_folder_per_job(tmp_path, ampzoo_home):
     assert effective == {"fp32", "emulated-fp16-O1"}
 
 
+def test_sweep_without_sweep_dir_puts_all_jobs_in_one_stamped_folder_the_report_pairs(tmp_path, ampzoo_home):
+    # The default hydra.sweep.dir is multirun/${run_stamp:}; Hydra resolves it again per job, and
+    # each job takes seconds, so without one stamp per process the jobs land in different folders.
+    out = run_tool([str(ROOT / "tools" / "train.py"), "-m", *TINY, "trainer.max_steps=2", "amp=fp32,O1",
+                    "seed=0,1"], tmp_path, {"AMPZOO_HOME": str(ampzoo_home)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    stamps = sorted(p.name for p in (tmp_path / "multirun").iterdir())
+    assert len(stamps) == 1, stamps
+    sweep = tmp_path / "multirun" / stamps[0]
+    assert len(list(sweep.glob("*/summary.json"))) == 4
+    # the README's next command: the report finds all four and pairs them by seed
+    rep = run_tool(["tools/report.py", str(sweep)], ROOT)
+    assert rep.returncode in (0, 1), rep.stderr
+    assert "paired TOST (2 seeds paired (identical initial-weight, first-batch and RNG digests))" in rep.stdout
+    assert "per-seed differences (emulated-fp16-O1 − fp32, pp): seed 0 " in rep.stdout
+    assert "eval-only effect" in rep.stdout and "power: equivalence could be shown" in rep.stdout
+
+
 @pytest.mark.slow
 def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
     small = [o for o in TINY if not o.startswith("trainer.max_steps")]

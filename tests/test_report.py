@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zoo.report.stats import t_cdf, t_ppf, tost, welch_t_test
+from zoo.report.stats import paired_tost, t_cdf, t_ppf, tost, tost_sample_size, welch_t_test
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("report_tool", ROOT / "tools" / "report.py")
@@ -82,8 +82,9 @@ def test_tost_ci_matches_decision():
 
 # ----------------------------------------------------------------------------- run folders
 def make_run(root: Path, name: str, seed: int, top1: float, requested="fp16-O1",
-             effective="emulated-fp16-O1", steps=200, gbs=64, skipped=0) -> Path:
-    """A minimal finished run folder in the documented format."""
+             effective="emulated-fp16-O1", steps=200, gbs=64, skipped=0, paired=False, **extra) -> Path:
+    """A minimal finished run folder in the documented format; ``paired`` adds start digests that
+    depend only on the seed (as training writes them), ``extra`` overrides summary keys."""
     run = root / name
     run.mkdir(parents=True)
     amp = effective != "fp32"
@@ -95,6 +96,10 @@ def make_run(root: Path, name: str, seed: int, top1: float, requested="fp16-O1",
                "skipped_steps": skipped, "final_loss_scale": 32768.0 if amp else None,
                "batch_size_per_rank": gbs, "global_batch_size": gbs, "world_size": 1,
                "status": "completed"}
+    if paired:
+        summary["pairing"] = {k: f"{k}-digest-of-seed-{seed}" for k in
+                              ("init_weights", "sample_ids", "batches", "rng_state")}
+    summary.update(extra)
     (run / "summary.json").write_text(json.dumps(summary))
     lines = [{"kind": "train", "step": s, "loss": 2.3 / s ** 0.3 + 0.01 * seed, "lr": 1e-3,
               "loss_scale": (65536.0 if s < 100 else 32768.0) if amp else None,
@@ -107,14 +112,16 @@ def make_run(root: Path, name: str, seed: int, top1: float, requested="fp16-O1",
 
 
 def make_sweep(root: Path, amp_shift: float, seeds=5, amp_requested="fp16-O1",
-               amp_effective="emulated-fp16-O1") -> Path:
-    """Hydra-multirun-like folder: FP32 and AMP jobs, metric = 0.70 + 0.2 pp noise (+ shift)."""
+               amp_effective="emulated-fp16-O1", paired=False, seed_sd=0.0) -> Path:
+    """Hydra-multirun-like folder: FP32 and AMP jobs, metric = 0.70 + 0.2 pp noise (+ shift); with
+    ``seed_sd`` each seed moves both precisions by a shared offset (what pairing cancels)."""
     rng = np.random.default_rng(0)
     for i in range(seeds):
-        make_run(root, f"{2 * i}_fp32_seed{i}", i, 0.70 + rng.normal(0, 0.002),
-                 requested="fp32", effective="fp32")
-        make_run(root, f"{2 * i + 1}_O1_seed{i}", i, 0.70 + amp_shift + rng.normal(0, 0.002),
-                 requested=amp_requested, effective=amp_effective, skipped=i % 2)
+        common = rng.normal(0, seed_sd) if seed_sd else 0.0
+        make_run(root, f"{2 * i}_fp32_seed{i}", i, 0.70 + common + rng.normal(0, 0.002),
+                 requested="fp32", effective="fp32", paired=paired)
+        make_run(root, f"{2 * i + 1}_O1_seed{i}", i, 0.70 + common + amp_shift + rng.normal(0, 0.002),
+                 requested=amp_requested, effective=amp_effective, skipped=i % 2, paired=paired)
     return root
 
 
@@ -138,7 +145,8 @@ def test_equivalent_sweep_exits_0_and_writes_files(tmp_path):
     data = json.loads((rep / "report.json").read_text())
     side = data["groups"][0]["amp"][0]
     assert data["all_equivalent"] and side["verdict"] == "equivalent" and side["n"] == 5
-    assert side["test"].startswith("TOST") and -2.0 < side["ci"][0] < side["ci"][1] < 2.0
+    assert side["test"] == "Welch TOST" and -1.0 < side["ci"][0] < side["ci"][1] < 1.0
+    assert side["unpaired"][0]["reason"] == "no pairing digests recorded in either run"
     assert side["skipped_steps"] == pytest.approx(0.4)
     assert "<img" in (rep / "index.html").read_text()
 
@@ -175,16 +183,18 @@ def test_fp32_effective_amp_runs_are_set_aside(tmp_path, capsys):
     assert len(data["set_aside"]) == 2 and data["groups"][0]["amp"] == []
 
 
-def test_single_seed_is_labelled(tmp_path, capsys):
-    make_run(tmp_path / "s", "fp32", 0, 0.700, requested="fp32", effective="fp32")
-    make_run(tmp_path / "s", "amp", 0, 0.695)
+def test_single_seed_gets_no_verdict(tmp_path, capsys):
+    make_run(tmp_path / "s", "fp32", 0, 0.700, requested="fp32", effective="fp32", paired=True)
+    make_run(tmp_path / "s", "amp", 0, 0.695, paired=True)
+    # |diff| 0.5 pp is inside the 1 pp margin, but one seed a side is no evidence: exit 1
     assert report_tool.main([str(tmp_path / "s" / "fp32"), str(tmp_path / "s" / "amp"),
-                             "--out", str(tmp_path / "rep")]) == 0
-    assert "equivalent (single seed)" in capsys.readouterr().out
+                             "--out", str(tmp_path / "rep")]) == 1
+    out = capsys.readouterr().out
+    assert "| single seed | single seed, no verdict |" in out and "equivalent" not in out
+    assert "one seed on a side gives no variance estimate" in out
     side = json.loads((tmp_path / "rep" / "report.json").read_text())["groups"][0]["amp"][0]
     assert side["test"] == "single seed" and side["diff"] == pytest.approx(-0.5)
-    # beyond the margin with one seed: "different"
-    assert report_tool.main([str(tmp_path / "s"), "--delta", "0.2", "--out", str(tmp_path / "r2")]) == 1
+    assert side["verdict"] == "single seed, no verdict" and side["pairs"][0]["seed"] == 0
 
 
 def test_corrupt_summary_exits_2_naming_file(tmp_path):
@@ -224,3 +234,134 @@ def test_model_cards_section_is_rewritten_and_nothing_else(tmp_path):
     assert text.endswith("<!-- /measured:x -->\ntail stays\n")
     with pytest.raises(ReportInputError, match="measured:y"):
         update_section(cards, "y", "t", "c")
+
+
+# ----------------------------------------------------------------------------- pairing, power, provenance
+def test_paired_tost_hand_computed():
+    amp, fp32 = [1.0, 2.0, 3.5], [0.5, 1.0, 2.0]
+    # per-seed differences d = [0.5, 1.0, 1.5]: mean 1, sd 0.5, se = 0.5/sqrt(3) = 0.288675, df = 2
+    # df=2 closed form: F(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    # delta 1.5: t_upper = -0.5/0.288675 = -1.732051, F = 0.5 - 1.732051/(2 sqrt 5) = 0.112702 -> p_upper
+    #            t_lower =  2.5/0.288675 =  8.660254, F = 0.5 + 8.660254/(2 sqrt 77) = 0.993464 -> p_lower 0.006536
+    # 90% CI: t_{0.95,2} = 2.919986; 1 -/+ 2.919986 * 0.288675 = [0.157073, 1.842927]: 1.84 > 1.5, not shown
+    r = paired_tost(amp, fp32, delta=1.5)
+    assert r["diff"] == pytest.approx(1.0) and r["se"] == pytest.approx(0.288675, abs=1e-6) and r["df"] == 2
+    assert r["p_upper"] == pytest.approx(0.112702, abs=1e-6) and r["p_lower"] == pytest.approx(0.006536, abs=1e-6)
+    assert r["ci"] == pytest.approx((0.157073, 1.842927), abs=1e-6) and not r["equivalent"]
+    # delta 2: t_upper = -1/0.288675 = -3.464102, F = 0.5 - 3.464102/(2 sqrt 14) = 0.037090 < 0.05
+    r = paired_tost(amp, fp32, delta=2.0)
+    assert r["p_upper"] == pytest.approx(0.037090, abs=1e-6) and r["equivalent"]
+    # the same numbers unpaired: sample variances 1.5833 and 0.5833, se 0.85, far from equivalent
+    assert not tost(amp, fp32, delta=2.0)["equivalent"]
+
+
+def test_power_sample_size_hand_computed():
+    # sd of differences 1.0 pp, margin 1.5 pp, alpha 0.05, power 0.8 (beta/2 = 0.1), true diff 0:
+    # need n >= (t_{.95,n-1} + t_{.90,n-1})^2 * 1 / 2.25
+    #   n=5: (2.1318 + 1.5332)^2 / 2.25 = 5.97 > 5;  n=6: (2.0150 + 1.4759)^2 / 2.25 = 5.42 <= 6 -> 6
+    assert tost_sample_size(1.0, 1.5) == 6
+    #   sd 0.5: n=2: (6.3138 + 3.0777)^2 * 0.25 / 2.25 = 9.80 > 2; n=3: (2.9200 + 1.8856)^2 / 9 = 2.57 <= 3
+    assert tost_sample_size(0.5, 1.5) == 3
+    # unpaired, sqrt(sa^2 + sb^2) = 1, df = 2n - 2: n=4: (1.9432 + 1.4398)^2 / 2.25 = 5.08 > 4;
+    #   n=5: (1.8595 + 1.3968)^2 / 2.25 = 4.71 <= 5 -> 5
+    assert tost_sample_size(1.0, 1.5, paired=False) == 5
+
+
+def test_power_line_in_report(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for seed, (f, a) in enumerate([(0.700, 0.705), (0.710, 0.720), (0.690, 0.705)]):
+        make_run(sweep, f"fp32_{seed}", seed, f, requested="fp32", effective="fp32", paired=True)
+        make_run(sweep, f"amp_{seed}", seed, a, paired=True)
+    # differences [0.5, 1.0, 1.5] pp as in test_paired_tost_hand_computed: CI [0.157, 1.843];
+    # smallest margin shown 1.84 pp; sd 0.5 and margin 1.5 need 3 paired seeds (test above)
+    assert report_tool.main([str(sweep), "--delta", "1.5"]) == 1
+    out = capsys.readouterr().out
+    assert "| paired TOST | not shown |" in out
+    assert "per-seed differences (emulated-fp16-O1 − fp32, pp): seed 0 +0.50, seed 1 +1.00, seed 2 +1.50" in out
+    assert ("equivalence could be shown at any margin above 1.84 pp (largest |bound| of the 90% CI); "
+            "the ±1.5 pp margin needs 3 paired seeds for 80% power (std of the per-seed differences "
+            "0.50 pp, true difference assumed 0)") in out
+    side = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"][0]
+    assert side["power"]["min_margin"] == pytest.approx(1.842927, abs=1e-5) and side["power"]["n_needed"] == 3
+
+
+def test_pairing_cancels_seed_spread(tmp_path, capsys):
+    # seeds spread by 2 pp, AMP = FP32 + 0.2 pp noise: paired the CI is narrow, unpaired it is not
+    paired = make_sweep(tmp_path / "paired", amp_shift=0.0, paired=True, seed_sd=0.02)
+    unpaired = make_sweep(tmp_path / "unpaired", amp_shift=0.0, paired=False, seed_sd=0.02)
+    assert report_tool.main([str(paired)]) == 0
+    assert report_tool.main([str(unpaired)]) == 1
+    p = json.loads((paired / "report" / "report.json").read_text())["groups"][0]["amp"][0]
+    u = json.loads((unpaired / "report" / "report.json").read_text())["groups"][0]["amp"][0]
+    assert p["test"] == "paired TOST" and p["verdict"] == "equivalent" and len(p["pairs"]) == 5
+    assert u["test"] == "Welch TOST" and u["verdict"] == "not shown"
+    assert "Welch TOST (unpaired: no seed paired)" in capsys.readouterr().out
+
+
+def test_pairing_only_on_identical_digests(tmp_path, capsys):
+    sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, paired=True)
+    bad = sweep / "3_O1_seed1" / "summary.json"
+    s = json.loads(bad.read_text())
+    s["pairing"]["init_weights"] = "a-different-initialisation"
+    bad.write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "paired TOST (4 seeds paired (identical initial-weight, first-batch and RNG digests); " \
+           "2 run(s) not paired are left out)" in out
+    assert (f"not paired: `{sweep.resolve() / '3_O1_seed1'}` (seed 1): its initial-weights digest differs "
+            "from FP32 seed 1's (a-different- vs init_weights)") in out
+    assert (f"not paired: `{sweep.resolve() / '2_fp32_seed1'}` (seed 1): its emulated-fp16-O1 run with "
+            "seed 1 did not pair") in out
+    side = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"][0]
+    assert [p["seed"] for p in side["pairs"]] == [0, 2, 3, 4]
+    # the FP32 seed-1 run has no partner left: it is not in the paired test either
+    assert "seed 1" not in out.split("per-seed differences")[1].splitlines()[0]
+
+
+def test_eval_noise_and_eval_only_effect_are_shown(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        ci = {"low": 0.68, "high": 0.72, "n_images": 500, "n_resamples": 1000}
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True,
+                 primary_metric={"name": "top1", "value": 0.70, "ci": ci})
+        make_run(sweep, f"amp_{seed}", seed, 0.701, paired=True, metrics={"top1": 0.701},
+                 metrics_fp32_eval={"top1": 0.699 - 0.001 * seed},
+                 primary_metric={"name": "top1", "value": 0.701, "ci": ci})
+    report_tool.main([str(sweep)])
+    out = capsys.readouterr().out
+    assert "| ±2.00 pp |" in out  # mean half-width of the 95% bootstrap CI
+    assert "eval-only effect (emulated-fp16-O1 evaluation − FP32 evaluation of the same final weights): " \
+           "mean +0.25 pp; seed 0 +0.20, seed 1 +0.30" in out
+    assert "evaluation noise (95% bootstrap CI over 500 validation images, pp): fp32: seed 0 [68.00, 72.00]" in out
+    assert "Eval-only effect" not in out and "eval-only effect" in (sweep / "report" / "index.html").read_text()
+
+
+def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
+    sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=2, paired=True)
+    for run in sweep.iterdir():
+        s = json.loads((run / "summary.json").read_text())
+        s.update(git_revision="aaaa111", versions={"paddle": "3.3.1", "numpy": "2.4.6"},
+                 config_digest="c0ffee", data_version="synthetic_shapes-v1")
+        if run.name == "3_O1_seed1":
+            s["git_revision"] = "bbbb222"
+        (run / "summary.json").write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "runs are not comparable: git revision differs: aaaa111 (3 runs" in err
+    assert "bbbb222 (1 run: 3_O1_seed1)" in err and "--allow-mixed" in err
+    assert report_tool.main([str(sweep), "--allow-mixed"]) in (0, 1)
+    assert "Compared despite differences (--allow-mixed):" in capsys.readouterr().out
+    for run in sweep.iterdir():  # one revision, but a modified tree: compared, with a note
+        if run.name != "report":
+            s = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**s, "git_revision": "aaaa111-dirty"}))
+    assert report_tool.main([str(sweep)]) in (0, 1)
+    assert "runs of a modified source tree (aaaa111-dirty)" in capsys.readouterr().out
+    # library versions and configs are checked the same way
+    s = json.loads((sweep / "3_O1_seed1" / "summary.json").read_text())
+    s.update(git_revision="aaaa111", versions={"paddle": "3.2.0", "numpy": "2.4.6"}, config_digest="beef")
+    (sweep / "3_O1_seed1" / "summary.json").write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert "paddle version differs: 3.2.0 (1 run: 3_O1_seed1), 3.3.1 (3 runs" in err
+    assert "config (without amp and seed) differs within resnet18 / synthetic_shapes" in err

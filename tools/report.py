@@ -3,8 +3,10 @@
 ``--model-cards MODEL_CARDS.md --section NAME`` also rewrites that file's measured section NAME
 (between ``<!-- measured:NAME -->`` markers) from the same runs, so the cards cannot drift.
 
-Compares each AMP precision with FP32 on the primary metric (TOST over seeds), prints the Markdown
-table and writes report.md, report.json, PNGs and index.html to --out (default <first input>/report).
+Compares each AMP precision with FP32 on the primary metric (paired TOST over seeds whose start
+digests agree, else Welch TOST), prints the Markdown table and writes report.md, report.json, PNGs
+and index.html to --out (default <first input>/report). Runs of different git revisions, library
+versions, data sets or configs are refused unless --allow-mixed.
 Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2 usage/input error.
 """
 from __future__ import annotations
@@ -22,6 +24,9 @@ def main(argv=None) -> int:
     parser.add_argument("--delta", type=float, default=None,
                         help="equivalence margin in percentage points (default: configs/report.yaml)")
     parser.add_argument("--alpha", type=float, default=0.05, help="test level (90%% CI at 0.05)")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="compare runs whose git revision, library versions, data-set version or "
+                             "config (other than amp and seed) differ; the report lists the differences")
     parser.add_argument("--model-cards", default=None, metavar="FILE",
                         help="also rewrite the measured section --section of this file (MODEL_CARDS.md)")
     parser.add_argument("--section", default=None, help="name of the <!-- measured:NAME --> section")
@@ -33,7 +38,7 @@ def main(argv=None) -> int:
     if bool(args.model_cards) != bool(args.section):
         parser.error("--model-cards and --section go together")
     try:
-        code, md = make_report(args.inputs, args.out, args.delta, args.alpha)
+        code, md = make_report(args.inputs, args.out, args.delta, args.alpha, args.allow_mixed)
         if args.model_cards:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
             update_section(args.model_cards, args.section, md, command)

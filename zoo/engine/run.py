@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 import zoo
 from zoo.amp import current_device
 from zoo.engine import distributed as dist
+from zoo.engine import final_eval, provenance
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
@@ -30,6 +31,10 @@ from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.fileio import atomic_write
 
 log = logging.getLogger(__name__)
+
+
+# trainer.* keys read by this module, not by the loop (TrainerSettings)
+RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples")
 
 
 class ConfigError(ValueError):
@@ -128,7 +133,9 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     validate(cfg)
     amp = build_amp(cfg)
     settings = TrainerSettings(**{k: v for k, v in OmegaConf.to_container(cfg.trainer).items()
-                                  if k != "ema_decay"})
+                                  if k not in RUN_LEVEL_TRAINER_KEYS})
+    final_eval.check_settings(cfg.trainer.get("eval_precision", "train"),
+                              cfg.trainer.get("bootstrap_resamples", 0))
     seed_everything(cfg.seed)
     dist.init()
     device = current_device()
@@ -143,6 +150,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     if per_epoch == 0:
         raise ConfigError(f"model.batch_size: {cfg.model.batch_size} x {dist.world_size()} ranks exceeds "
                           f"the {len(train_set)} training samples of data={cfg.data.name}")
+    # Before O2 decoration and any resume: what a run with this seed starts from (pairing check).
+    pairing = provenance.pairing_digests(model, train_set, cfg.model.batch_size, cfg.seed)
     if settings.epochs:  # the run's length, derived once; the trainer only counts steps
         settings.max_steps = math.ceil(settings.epochs * per_epoch)
     total = settings.max_steps
@@ -153,7 +162,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device,
+    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device, "pairing": pairing,
+            "data_version": provenance.dataset_version(train_set),
             "pretrained": getattr(dist.unwrap(model), "pretrained_report", None), "data_report": data_report}
     return trainer, info
 
@@ -194,6 +204,9 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         info["data_report"] = record_data_report(info["data_report"], out_dir)
         announce(amp.describe(info["device_info"]))
     result = trainer.fit()
+    evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
+                                      cfg.trainer.get("eval_precision", "train"),
+                                      cfg.trainer.get("bootstrap_resamples", 0))
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
     peak_mb, peak_kind = peak_memory_mb()
     primary = trainer.task.primary_metric
@@ -214,8 +227,12 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
         "pretrained": info["pretrained"], "data_report": info["data_report"],
         "param_digests": digests,
+        "versions": provenance.library_versions(), "data_version": info["data_version"],
+        "config_digest": provenance.config_digest(cfg),
+        "config_digest_excludes": list(provenance.CONFIG_DIGEST_EXCLUDES), "pairing": info["pairing"],
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
+        **evals,
     }
     if dist.is_main():
         copy_launch_logs(out_dir)

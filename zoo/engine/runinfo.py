@@ -36,14 +36,28 @@ def peak_memory_mb() -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "host_rss"
 
 
-def run_stamp() -> str:
-    """Time stamp for the run folder, equal on every rank of one launch.
+_STAMP: str | None = None  # one stamp per process: every job of a Hydra -m sweep shares it
 
+
+def run_stamp() -> str:
+    """Time stamp for the run folder, equal on every rank of one launch and every job of one sweep.
+
+    Hydra resolves ``hydra.sweep.dir`` again for each job of a ``-m`` sweep, so an uncached resolver
+    gives each job its own folder; the stamp is computed once per process and reused. (Hydra's own
+    ``${now:}`` is registered with a cache that each job's config inherits, which is why it does not
+    drift; this resolver also names distributed launches by the launcher's start time.)
     Ranks start at slightly different times; under ``paddle.distributed.launch`` they share the
     launcher as parent, so its start time names the folder. ``AMPZOO_RUN_STAMP`` overrides.
     """
+    global _STAMP
     if os.environ.get("AMPZOO_RUN_STAMP"):
         return os.environ["AMPZOO_RUN_STAMP"]
+    if _STAMP is None:
+        _STAMP = _launch_time().strftime("%Y-%m-%d_%H-%M-%S")
+    return _STAMP
+
+
+def _launch_time() -> _dt.datetime:
     when = _dt.datetime.now()
     if "PADDLE_TRAINER_ID" in os.environ:
         try:
@@ -53,7 +67,7 @@ def run_stamp() -> str:
             when = _dt.datetime.fromtimestamp(boot + start_ticks / os.sysconf("SC_CLK_TCK"))
         except (OSError, ValueError, IndexError, StopIteration):
             pass
-    return when.strftime("%Y-%m-%d_%H-%M-%S")
+    return when
 
 
 def announce(message: str, stream=None, level: int = logging.INFO) -> None:

@@ -10,9 +10,12 @@ them with :meth:`COCOMetric.extend` before :meth:`COCOMetric.accumulate`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 
 import numpy as np
+
+from zoo.metrics.bootstrap import LEVEL, SEED, bootstrap_statistic
 
 __all__ = ["COCOMetric", "STAT_NAMES"]
 
@@ -37,6 +40,7 @@ class COCOMetric:
     def reset(self) -> None:
         self._results: list[dict] = []
         self._im_ids: set[int] = set()
+        self._eval = None  # the last COCOeval, kept for bootstrap_map
 
     def _add_image(self, im_id, boxes, scores, labels) -> None:
         im_id = int(np.asarray(im_id).reshape(-1)[0])
@@ -109,4 +113,44 @@ class COCOMetric:
             ev.evaluate()
             ev.accumulate()
             ev.summarize()
+        self._eval = ev
         return {k: float(v) for k, v in zip(STAT_NAMES, ev.stats[:6])}
+
+    def resampled_map(self, counts) -> float:
+        """mAP (AP@[.5:.95], area "all", 100 detections) of the last :meth:`accumulate`'s images, each
+        taken ``counts[i]`` times (``counts`` in :meth:`image_ids` order; all ones gives ``mAP``).
+
+        The per-image matching is reused: a resample repeats each image's ``evalImgs`` entries as
+        often as it was drawn and only COCOeval's ``accumulate`` (precision/recall curves) runs again.
+        """
+        ev = self._eval
+        if ev is None:
+            raise RuntimeError("COCOMetric: resampled_map / bootstrap_map before accumulate()")
+        pe = ev._paramsEval
+        n_img, n_area = len(pe.imgIds), len(pe.areaRng)
+        n_cat = len(pe.catIds) if pe.useCats else 1
+        idx = np.repeat(np.arange(n_img), np.asarray(counts, dtype=np.int64))
+        boot = copy.copy(ev)
+        params = copy.copy(pe)
+        params.imgIds, params.areaRng, params.areaRngLbl = list(range(len(idx))), [pe.areaRng[0]], ["all"]
+        params.maxDets = [pe.maxDets[-1]]
+        boot.params = boot._paramsEval = params
+        # evalImgs is laid out [category][area][image]; area 0 is "all".
+        boot.evalImgs = [ev.evalImgs[k * n_area * n_img + i] for k in range(n_cat) for i in idx]
+        with contextlib.redirect_stdout(io.StringIO()):
+            boot.accumulate()
+        prec = boot.eval["precision"][:, :, :, 0, 0]
+        prec = prec[prec > -1]
+        return float(prec.mean()) if prec.size else -1.0
+
+    def bootstrap_map(self, n_resamples: int = 200, level: float = LEVEL, seed: int = SEED) -> dict:
+        """Bootstrap CI over images of mAP, by :meth:`resampled_map` (no matching is redone).
+
+        Measured on 2 CPU cores, the embedded PP-YOLOE split (200 images) and an untrained model (many
+        low-score detections, the slow case): 200 resamples in 3.8 s, about 19 ms each.
+        """
+        if self._eval is None:
+            raise RuntimeError("COCOMetric.bootstrap_map before accumulate()")
+        n_img = len(self._eval._paramsEval.imgIds)
+        return bootstrap_statistic(self.resampled_map, n_img, float(self._eval.stats[0]), n_resamples,
+                                   level, seed, "COCOeval accumulate over resampled images")

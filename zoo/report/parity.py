@@ -12,10 +12,15 @@ import numpy as np
 import yaml
 
 from zoo.report.runs import ReportInputError, Run
-from zoo.report.stats import tost, welch_t_test
+from zoo.report.stats import paired_t_test, paired_tost, tost, tost_sample_size, welch_t_test
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "report.yaml"
 FP32 = "fp32"
+POWER = 0.8  # for the seeds-needed line
+# summary.json "pairing" digests that must agree for two runs with one seed to count as a pair
+PAIR_KEYS = {"init_weights": "initial-weights", "sample_ids": "first-batch sample-id",
+             "batches": "first-batch data", "rng_state": "RNG-state"}
+SINGLE = "single seed, no verdict"
 
 
 def load_margins(path: Path = DEFAULT_CONFIG) -> dict:
@@ -52,8 +57,17 @@ def _side(runs: list[Run]) -> dict:
 
     scales = sorted({float(x["final_loss_scale"]) for x in s
                      if isinstance(x.get("final_loss_scale"), (int, float))})
+    cis = [r.eval_ci for r in runs]
+    halves = [(c["high"] - c["low"]) * 50.0 for c in cis if c]
+    effects = {r.summary["seed"]: r.eval_only_effect for r in runs if r.eval_only_effect is not None}
     return {"precision": runs[0].precision, "n": len(runs), "seeds": [x["seed"] for x in s],
             "values": vals.tolist(), "mean": float(vals.mean()),
+            "eval_ci": [{"seed": r.summary["seed"], "low": c["low"] * 100.0, "high": c["high"] * 100.0,
+                         "n_images": c.get("n_images"), "n_resamples": c.get("n_resamples")}
+                        if c else None for r, c in zip(runs, cis)],
+            "eval_ci_half_width": float(np.mean(halves)) if halves else None,
+            "eval_only_effect": ({"mean": float(np.mean(list(effects.values()))), "per_seed": effects}
+                                 if effects else None),
             "std": float(vals.std(ddof=1)) if len(vals) > 1 else 0.0,
             "batch_size_per_rank": s[0].get("batch_size_per_rank"),
             "global_batch_size": s[0].get("global_batch_size"), "world_size": s[0].get("world_size"),
@@ -63,26 +77,107 @@ def _side(runs: list[Run]) -> dict:
             "runs": [str(r.path) for r in runs]}
 
 
+def _digest_mismatch(amp: Run, ref: Run) -> str | None:
+    """Why two runs with one seed are not a pair, or None when their start digests all agree."""
+    a, b = amp.summary.get("pairing"), ref.summary.get("pairing")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        who = "either run" if not a and not b else ("this run" if not isinstance(a, dict) else "the FP32 run")
+        return f"no pairing digests recorded in {who}"
+    for key, name in PAIR_KEYS.items():
+        if a.get(key) is None or a.get(key) != b.get(key):
+            return (f"its {name} digest differs from FP32 seed {ref.summary['seed']}'s "
+                    f"({str(a.get(key))[:12]} vs {str(b.get(key))[:12]})")
+    return None
+
+
+def pair_runs(amp: list[Run], fp32: list[Run]) -> tuple[list[tuple[Run, Run]], list[dict]]:
+    """Pairs (AMP run, FP32 run) with one seed and identical start digests; the rest with reasons."""
+    def by_seed(runs):
+        out: dict = {}
+        for r in runs:
+            out.setdefault(str(r.summary["seed"]), []).append(r)
+        return out
+
+    a_seeds, f_seeds = by_seed(amp), by_seed(fp32)
+    pairs, unpaired = [], []
+    for seed, a_runs in a_seeds.items():
+        f_runs = f_seeds.get(seed, [])
+        if len(a_runs) > 1 or len(f_runs) > 1:
+            why = f"{len(a_runs)} {a_runs[0].precision} and {len(f_runs)} FP32 runs with seed {seed}: ambiguous"
+            unpaired += [{"path": str(r.path), "seed": r.summary["seed"], "reason": why} for r in a_runs + f_runs]
+            continue
+        if not f_runs:
+            unpaired.append({"path": str(a_runs[0].path), "seed": a_runs[0].summary["seed"],
+                             "reason": f"no FP32 run with seed {seed}"})
+            continue
+        why = _digest_mismatch(a_runs[0], f_runs[0])
+        if why:
+            unpaired.append({"path": str(a_runs[0].path), "seed": a_runs[0].summary["seed"], "reason": why})
+            unpaired.append({"path": str(f_runs[0].path), "seed": f_runs[0].summary["seed"],
+                             "reason": f"its {a_runs[0].precision} run with seed {seed} did not pair"})
+        else:
+            pairs.append((a_runs[0], f_runs[0]))
+    for seed, f_runs in f_seeds.items():
+        if seed not in a_seeds:
+            unpaired += [{"path": str(r.path), "seed": r.summary["seed"],
+                          "reason": f"no {amp[0].precision} run with seed {seed}"} for r in f_runs]
+    return pairs, unpaired
+
+
+def power_line(ci, sd: float | None, delta: float, alpha: float, paired: bool) -> dict:
+    """Smallest margin the data show equivalence at, and seeds a ``delta`` margin would need."""
+    if ci is None or sd is None:
+        return {"min_margin": None, "n_needed": None, "sd": None, "paired": paired, "power": POWER}
+    return {"min_margin": float(max(abs(ci[0]), abs(ci[1]))), "sd": float(sd), "paired": paired,
+            "power": POWER, "n_needed": tost_sample_size(sd, delta, alpha, POWER, paired=paired)}
+
+
+def _verdict(equivalent: bool, p_diff: float, diff: float, delta: float, alpha: float) -> str:
+    if equivalent:
+        return "equivalent"
+    if p_diff < alpha and abs(diff) > delta:
+        return "different"  # significantly different AND beyond the margin: a difference that matters
+    return "not shown"  # too few seeds or too much noise to decide either way
+
+
 def compare(amp: list[Run], fp32: list[Run], delta: float, alpha: float) -> dict:
-    """Verdict of one AMP side against the FP32 side (both lists of runs, one per seed)."""
+    """Verdict of one AMP side against the FP32 side (both lists of runs, one per seed).
+
+    Paired TOST on per-seed differences when at least two seeds pair (same seed, identical start
+    digests); else Welch TOST over all runs when each side has two or more; else no verdict.
+    """
+    pairs, unpaired = pair_runs(amp, fp32)
+    diffs = [{"seed": a.summary["seed"], "diff": (a.metric - f.metric) * 100.0,
+              "amp": str(a.path), "fp32": str(f.path)} for a, f in pairs]
+    out = {"pairs": diffs, "unpaired": unpaired}
+    if len(pairs) >= 2:
+        a = np.array([x.metric * 100.0 for x, _ in pairs])
+        b = np.array([y.metric * 100.0 for _, y in pairs])
+        t, pt = paired_tost(a, b, delta, alpha), paired_t_test(a, b)
+        why = f"{len(pairs)} seeds paired (identical initial-weight, first-batch and RNG digests)"
+        if unpaired:
+            why += f"; {len(unpaired)} run(s) not paired are left out"
+        out.update(test="paired TOST", test_reason=why, diff=t["diff"], ci=list(t["ci"]), p_tost=t["p"],
+                   p_diff=pt["p"], df=t["df"], se=t["se"],
+                   verdict=_verdict(t["equivalent"], pt["p"], t["diff"], delta, alpha),
+                   power=power_line(t["ci"], t["sd"], delta, alpha, paired=True))
+        return out
     a = np.array([r.metric * 100.0 for r in amp])
     b = np.array([r.metric * 100.0 for r in fp32])
+    few = f"only {len(pairs)} seed(s) paired" if pairs else "no seed paired"
     if len(a) >= 2 and len(b) >= 2:
-        t = tost(a, b, delta, alpha)
-        welch = welch_t_test(a, b)
-        if t["equivalent"]:
-            verdict = "equivalent"
-        elif welch["p"] < alpha and abs(t["diff"]) > delta:
-            # Significantly different AND beyond the margin: a difference that matters.
-            verdict = "different"
-        else:
-            verdict = "not shown"  # too few seeds or too much noise to decide either way
-        return {"test": "TOST (Welch)", "diff": t["diff"], "ci": list(t["ci"]), "p_tost": t["p"],
-                "p_welch": welch["p"], "df": t["df"], "se": t["se"], "verdict": verdict}
-    # One seed on a side: no variance estimate, so only the raw difference against the margin.
-    diff = float(a.mean() - b.mean())
-    return {"test": "single seed", "diff": diff, "ci": None, "p_tost": None, "p_welch": None,
-            "df": None, "se": None, "verdict": "equivalent" if abs(diff) <= delta else "different"}
+        t, welch = tost(a, b, delta, alpha), welch_t_test(a, b)
+        sd = math.sqrt(float(a.var(ddof=1) + b.var(ddof=1)))
+        out.update(test="Welch TOST", test_reason=f"unpaired: {few}", diff=t["diff"], ci=list(t["ci"]),
+                   p_tost=t["p"], p_diff=welch["p"], df=t["df"], se=t["se"],
+                   verdict=_verdict(t["equivalent"], welch["p"], t["diff"], delta, alpha),
+                   power=power_line(t["ci"], sd, delta, alpha, paired=False))
+        return out
+    # One seed on a side: no variance estimate, so no test; the raw difference is shown.
+    out.update(test="single seed", test_reason=f"one seed on a side ({few}): no variance estimate",
+               diff=float(a.mean() - b.mean()), ci=None, p_tost=None, p_diff=None, df=None, se=None,
+               verdict=SINGLE, power=power_line(None, None, delta, alpha, paired=bool(pairs)))
+    return out
 
 
 def _label(key: tuple) -> str:
@@ -112,8 +207,9 @@ def parity_table(groups: dict, delta: float | None = None, alpha: float = 0.05,
             if fp32:
                 side.update(compare(by_prec[prec], fp32, d, alpha))
             else:
-                side.update({"test": "no FP32 runs", "diff": None, "ci": None, "p_tost": None,
-                             "p_welch": None, "df": None, "se": None, "verdict": "not shown"})
+                side.update({"test": "no FP32 runs", "test_reason": "no FP32 runs in this group",
+                             "diff": None, "ci": None, "p_tost": None, "p_diff": None, "df": None,
+                             "se": None, "verdict": "not shown", "pairs": [], "unpaired": [], "power": None})
             entry["amp"].append(side)
         table.append(entry)
     return table

@@ -14,10 +14,12 @@ matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt
 import numpy as np
 
+from zoo.report.details import comparison_lines
 from zoo.report.parity import FP32, finite_or_none
 
 HEADER = ["configuration", "batch size", "peak memory", "images/s", "metric mean ± std (n)",
-          "Δ vs FP32", "90% CI", "verdict", "skipped steps", "final loss scale"]
+          "eval noise (95% bootstrap)", "Δ vs FP32", "90% CI", "test", "verdict", "skipped steps",
+          "final loss scale"]
 
 
 def _num(x, fmt="{:.1f}"):
@@ -34,18 +36,18 @@ def _row(entry: dict, side: dict, is_ref: bool) -> list[str]:
         mem += f" ({side['peak_memory_kind']})"
     std = f"{side['std']:.2f}" if side["n"] > 1 else "—"
     metric = f"{entry['metric']} {side['mean']:.2f} ± {std} ({side['n']})"
+    noise = _num(side.get("eval_ci_half_width"), "±{:.2f} pp")
     if is_ref:
-        diff, ci, verdict = "—", "—", "reference"
+        diff, ci, test, verdict = "—", "—", "—", "reference"
     else:
         diff = _num(side["diff"], "{:+.2f} pp")
-        ci = "single seed" if side["test"] == "single seed" else (
-            f"[{side['ci'][0]:+.2f}, {side['ci'][1]:+.2f}]" if side["ci"] else "—")
-        verdict = side["verdict"] + (" (single seed)" if side["test"] == "single seed" else "")
+        ci = f"[{side['ci'][0]:+.2f}, {side['ci'][1]:+.2f}]" if side["ci"] else "—"
+        test, verdict = side["test"], side["verdict"]
         if side["test"] == "no FP32 runs":
             verdict += " (no FP32 runs)"
     scales = ", ".join(f"{s:g}" for s in side["final_loss_scale"]) or "—"
     return [f"{entry['group']} / {side['precision']}", batch, mem, _num(side["images_per_s"]),
-            metric, diff, ci, verdict, _num(side["skipped_steps"], "{:.1f}"), scales]
+            metric, noise, diff, ci, test, verdict, _num(side["skipped_steps"], "{:.1f}"), scales]
 
 
 def table_rows(table: list[dict]) -> list[list[str]]:
@@ -57,8 +59,18 @@ def table_rows(table: list[dict]) -> list[list[str]]:
     return rows
 
 
-def markdown(table: list[dict], aside: list) -> str:
-    """The Markdown report: parity table, margins used, and set-aside runs with reasons."""
+def details(table: list[dict]) -> list[str]:
+    """Per-comparison explanation lines (Markdown), one block per AMP side that has an FP32 group."""
+    lines = []
+    for e in table:
+        for side in e["amp"]:
+            if side["test"] != "no FP32 runs":
+                lines += ["", *comparison_lines(e, side)]
+    return lines
+
+
+def markdown(table: list[dict], aside: list, mixed: list | None = None, notes: list | None = None) -> str:
+    """The Markdown report: parity table, margins, per-comparison details, set-aside runs, notes."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(table)]
     lines.append("")
@@ -68,6 +80,11 @@ def markdown(table: list[dict], aside: list) -> str:
                      f"(TOST; the 90% CI must lie inside the margin)")
     if not any(e["amp"] for e in table):
         lines.append("- no AMP runs left after setting aside: nothing was shown")
+    lines += details(table)
+    if mixed:
+        lines += ["", "Compared despite differences (--allow-mixed):", ""] + [f"- {m}" for m in mixed]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     if aside:
         lines += ["", "Set aside (neither AMP nor FP32 evidence):", ""]
         lines += [f"- `{a.path}`: {a.reason}" for a in aside]
@@ -145,7 +162,21 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def _html(table: list[dict], aside: list, images: list[str]) -> str:
+def _details_html(lines: list[str], mixed: list) -> str:
+    """The Markdown detail lines as HTML: a heading line opens a list of its '- ' lines."""
+    out, open_list = [], False
+    for line in [*lines, *([""] + [f"- {m}" for m in mixed] if mixed else [])]:
+        text = html.escape(line.lstrip("- ").replace("**", "").replace("`", ""))
+        if line.startswith("- "):
+            out.append(("" if open_list else "<ul>") + f"<li>{text}</li>")
+            open_list = True
+        elif line:
+            out.append(("</ul>" if open_list else "") + f"<p>{text}</p>")
+            open_list = False
+    return "".join(out) + ("</ul>" if open_list else "")
+
+
+def _html(table: list[dict], aside: list, images: list[str], mixed: list | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
                    for cells in table_rows(table))
@@ -156,6 +187,7 @@ def _html(table: list[dict], aside: list, images: list[str]) -> str:
             "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 6px}"
             "img{max-width:32%;margin:4px}</style></head><body><h1>AMP vs FP32 parity</h1>"
             f"<table><tr>{head}</tr>{body}</table>"
+            + f"<h2>Comparisons</h2>{_details_html(details(table), mixed or [])}"
             + (f"<h2>Set aside</h2><ul>{aside_html}</ul>" if aside else "")
             + f"<h2>Figures</h2>{imgs}</body></html>\n")
 
@@ -170,14 +202,16 @@ def _jsonable(obj):
     return finite_or_none(obj)
 
 
-def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bool) -> str:
+def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bool,
+                 mixed: list | None = None, notes: list | None = None) -> str:
     """Write every report file into ``out``; returns the Markdown text."""
     out.mkdir(parents=True, exist_ok=True)
-    md = markdown(table, aside)
+    md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
     images = [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
     data = {"all_equivalent": ok, "groups": table, "images": images,
-            "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside]}
+            "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
+            "mixed_provenance": list(mixed or []), "notes": list(notes or [])}
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    (out / "index.html").write_text(_html(table, aside, images))
+    (out / "index.html").write_text(_html(table, aside, images, [*(mixed or []), *(notes or [])]))
     return md

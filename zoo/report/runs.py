@@ -41,6 +41,25 @@ class Run:
     def precision(self) -> str:
         return str(self.summary["effective_precision"])
 
+    @property
+    def eval_ci(self) -> dict | None:
+        """Bootstrap CI over validation images of the primary metric (fractions), if recorded."""
+        ci = self.summary["primary_metric"].get("ci")
+        ok = isinstance(ci, dict) and all(isinstance(ci.get(k), (int, float)) for k in ("low", "high"))
+        return ci if ok else None
+
+    @property
+    def eval_only_effect(self) -> float | None:
+        """Training-precision minus FP32 evaluation of the same final weights, in pp (AMP runs)."""
+        fp32 = self.summary.get("metrics_fp32_eval")
+        own = self.summary.get("metrics")
+        name = self.metric_name
+        if self.precision == "fp32" or not isinstance(fp32, dict) or not isinstance(own, dict):
+            return None
+        if not isinstance(fp32.get(name), (int, float)) or not isinstance(own.get(name), (int, float)):
+            return None
+        return (float(own[name]) - float(fp32[name])) * 100.0
+
     def series(self, kind: str = "train") -> list[dict]:
         """Records of one kind ("train", "eval", "guard"), in step order."""
         return sorted((r for r in self.records if r.get("kind") == kind
@@ -174,3 +193,47 @@ def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
         for lst in by_prec.values():
             lst.sort(key=lambda r: (str(r.summary["seed"]), str(r.path)))
     return {k: dict(v) for k, v in sorted(groups.items())}, aside
+
+
+def _versions(s: dict) -> dict:
+    v = s.get("versions")
+    if isinstance(v, dict):
+        return {str(k): str(x) for k, x in v.items()}
+    return {"paddle": str(s["paddle_version"])} if "paddle_version" in s else {}
+
+
+def provenance_of(run: Run) -> dict:
+    """What must agree between compared runs: git revision, library versions, data set, config."""
+    s = run.summary
+    out = {"git revision": s.get("git_revision"), "data-set version": s.get("data_version"),
+           "config (without amp and seed)": s.get("config_digest")}
+    for lib, ver in _versions(s).items():
+        out[f"{lib} version"] = ver
+    return out
+
+
+def mixed_provenance(groups: dict) -> list[str]:
+    """Differences that make runs incomparable: git revision and library versions over all compared
+    runs, data-set version and config digest within each group. Empty when everything agrees."""
+    def differs(runs, keys, where):
+        found = []
+        for key in keys:
+            values: dict = {}
+            for r in runs:
+                v = provenance_of(r).get(key)
+                values.setdefault("not recorded" if v is None else str(v), []).append(r.path.name)
+            if len(values) > 1:
+                parts = ", ".join(f"{v if len(v) <= 48 else v[:12]} ({len(p)} run{'s' if len(p) > 1 else ''}: {', '.join(p[:3])}"
+                                  f"{', ...' if len(p) > 3 else ''})" for v, p in sorted(values.items()))
+                found.append(f"{key} differs{where}: {parts}")
+        return found
+
+    every = [r for by_prec in groups.values() for runs in by_prec.values() for r in runs]
+    libs = sorted({k for r in every for k in provenance_of(r) if k.endswith(" version")
+                   and k != "data-set version"})
+    out = differs(every, ["git revision", *libs], "")
+    for key, by_prec in groups.items():
+        runs = [r for lst in by_prec.values() for r in lst]
+        out += differs(runs, ["data-set version", "config (without amp and seed)"],
+                       f" within {key[0]} / {key[1]}")
+    return out

@@ -118,17 +118,10 @@ def welch_t_test(a, b) -> dict:
     return {"diff": diff, "se": se, "df": df, "t": t, "p": min(1.0, p)}
 
 
-def tost(a, b, delta: float, alpha: float = 0.05) -> dict:
-    """Two one-sided tests that mean(a) - mean(b) lies inside (-delta, +delta).
-
-    ``a`` is the AMP side, ``b`` FP32. H0_lower: diff <= -delta, H0_upper: diff >= +delta; both must
-    be rejected at ``alpha``. Equivalently, the (1 - 2*alpha) confidence interval of the difference
-    (90% for alpha = 0.05) lies strictly inside (-delta, +delta); the interval is returned as ``ci``.
-    """
+def _tost_from(diff: float, se: float, df: float, delta: float, alpha: float) -> dict:
+    """TOST of a difference estimate with standard error ``se`` on ``df`` degrees of freedom."""
     if not delta > 0:
         raise ValueError(f"tost: delta must be > 0, got {delta}")
-    diff = float(np.mean(a) - np.mean(b))
-    se, df = welch_se_df(a, b)
     if se == 0.0:
         t_lower = math.inf if diff > -delta else -math.inf
         t_upper = -math.inf if diff < delta else math.inf
@@ -142,3 +135,63 @@ def tost(a, b, delta: float, alpha: float = 0.05) -> dict:
     return {"diff": diff, "se": se, "df": df, "t_lower": t_lower, "t_upper": t_upper,
             "p_lower": p_lower, "p_upper": p_upper, "p": p, "equivalent": bool(p < alpha),
             "ci": (diff - half, diff + half), "ci_level": 1.0 - 2.0 * alpha, "delta": delta}
+
+
+def tost(a, b, delta: float, alpha: float = 0.05) -> dict:
+    """Two one-sided tests that mean(a) - mean(b) lies inside (-delta, +delta) (Welch, unpaired).
+
+    ``a`` is the AMP side, ``b`` FP32. H0_lower: diff <= -delta, H0_upper: diff >= +delta; both must
+    be rejected at ``alpha``. Equivalently, the (1 - 2*alpha) confidence interval of the difference
+    (90% for alpha = 0.05) lies strictly inside (-delta, +delta); the interval is returned as ``ci``.
+    """
+    if not delta > 0:
+        raise ValueError(f"tost: delta must be > 0, got {delta}")
+    se, df = welch_se_df(a, b)
+    return _tost_from(float(np.mean(a) - np.mean(b)), se, df, delta, alpha)
+
+
+def paired_tost(a, b, delta: float, alpha: float = 0.05) -> dict:
+    """TOST on per-seed differences ``a[i] - b[i]`` (a paired design: one t test on n - 1 df).
+
+    Seed-to-seed variation common to both precisions (initial weights, data order) cancels in the
+    differences, which is why a paired sweep can show equivalence with far fewer seeds.
+    """
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.size < 2:
+        raise ValueError("paired TOST needs at least two pairs")
+    se = float(d.std(ddof=1) / math.sqrt(d.size))
+    out = _tost_from(float(d.mean()), se, float(d.size - 1), delta, alpha)
+    out["sd"] = float(d.std(ddof=1))
+    return out
+
+
+def paired_t_test(a, b) -> dict:
+    """Two-sided one-sample t test of the per-seed differences against 0."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    diff, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1)
+    if se == 0.0:
+        return {"diff": diff, "se": 0.0, "df": df, "t": 0.0 if diff == 0 else math.copysign(math.inf, diff),
+                "p": 1.0 if diff == 0 else 0.0}
+    t = diff / se
+    return {"diff": diff, "se": se, "df": df, "t": t, "p": min(1.0, 2.0 * (1.0 - t_cdf(abs(t), df)))}
+
+
+def tost_sample_size(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8,
+                     paired: bool = True, max_n: int = 10_000) -> int | None:
+    """Smallest n (pairs, or seeds per side) for which TOST at ``alpha`` shows equivalence within
+    ``delta`` with probability ``power`` when the true difference is 0.
+
+    The standard formula with t quantiles, solved by iterating n from 2:
+    ``n >= (t_{1-alpha, df} + t_{1-beta/2, df})^2 * v / delta^2`` with beta = 1 - power, where for
+    pairs v = sd^2 (sd of the differences) and df = n - 1, and for two independent sides of n seeds
+    v = sd^2 = sa^2 + sb^2 (pass that sum's root) and df = 2n - 2. None when n would exceed max_n.
+    """
+    if not delta > 0 or sd < 0:
+        raise ValueError(f"tost_sample_size: need delta > 0 and sd >= 0, got {delta}, {sd}")
+    beta = 1.0 - power
+    for n in range(2, max_n + 1):
+        df = n - 1 if paired else 2 * n - 2
+        need = (t_ppf(1.0 - alpha, df) + t_ppf(1.0 - beta / 2.0, df)) ** 2 * sd * sd / (delta * delta)
+        if n >= need:
+            return n
+    return None

@@ -5,10 +5,13 @@ ResNet share one loop (STYLE.md: the model or a small task object returns the lo
 """
 from __future__ import annotations
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from zoo.engine import distributed as dist
 from zoo.metrics import accuracy_from_counts, topk_correct
+from zoo.metrics.bootstrap import bootstrap_mean
 
 
 class ClassificationTask:
@@ -21,6 +24,7 @@ class ClassificationTask:
             raise ValueError(f"model.task.label_smoothing: expected [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
         self.topk = tuple(int(k) for k in topk)
+        self._hits: list[np.ndarray] = []  # per-image top-1 hits of the current evaluation
 
     def losses(self, model, batch) -> dict[str, paddle.Tensor]:
         """Forward and loss; the loss is computed in fp32 whatever the autocast state."""
@@ -30,12 +34,25 @@ class ClassificationTask:
             loss = F.cross_entropy(logits.astype("float32"), labels, label_smoothing=self.label_smoothing)
         return {"loss": loss}
 
+    def begin_eval(self, val_set) -> None:
+        """Start collecting per-image top-1 hits (for the bootstrap CI over images)."""
+        self._hits = []
+
     @paddle.no_grad()
     def eval_stats(self, model, batch) -> dict[str, float]:
-        """Top-k hit counts for one batch."""
-        logits = model(batch["image"]).astype("float32")
-        return topk_correct(logits.numpy(), batch["label"].numpy(), self.topk)
+        """Top-k hit counts for one batch (per-image top-1 hits are kept too)."""
+        logits = model(batch["image"]).astype("float32").numpy()
+        labels = batch["label"].numpy().reshape(-1)
+        # argmax takes the lowest index among ties, as topk_correct's stable sort does
+        self._hits.append((logits.argmax(axis=1) == labels).astype(np.int8))
+        return topk_correct(logits, labels, self.topk)
 
     def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        """Pooled counts (over batches and ranks) to accuracies."""
+        """Pooled counts (over batches and ranks) to accuracies; per-image hits gathered over ranks."""
+        if dist.world_size() > 1:
+            self._hits = [h for part in dist.all_gather_objects(self._hits) for h in part]
         return {**accuracy_from_counts(sums, self.topk), "num_samples": int(sums["count"])}
+
+    def bootstrap_primary(self, n_resamples: int) -> dict:
+        """Bootstrap CI over validation images of top-1, from the last evaluation's per-image hits."""
+        return bootstrap_mean(np.concatenate(self._hits), n_resamples)

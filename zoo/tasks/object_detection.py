@@ -27,6 +27,8 @@ from zoo.postprocess import draw_boxes
 from zoo.postprocess.nms import multiclass_nms
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 
+MAX_MAP_RESAMPLES = 200
+
 
 class PPYOLOETask:
     """PP-YOLOE training losses and COCO evaluation.
@@ -112,6 +114,13 @@ class PPYOLOETask:
             for results, image_ids in parts:
                 self._metric.extend(results, image_ids)
         return {**self._metric.accumulate(), "num_images": int(sums["num_images"])}
+
+    def bootstrap_primary(self, n_resamples: int) -> dict:
+        """Bootstrap CI over validation images of mAP; COCOeval's accumulate runs once per resample,
+        so at most 200 resamples are drawn (see COCOMetric.bootstrap_map for the cost)."""
+        if self._metric is None:
+            raise RuntimeError("PPYOLOETask.bootstrap_primary before an evaluation")
+        return self._metric.bootstrap_map(min(int(n_resamples), MAX_MAP_RESAMPLES))
 
     # ---- drawing ------------------------------------------------------------------------------
     @paddle.no_grad()

@@ -14,7 +14,9 @@ import cv2
 import numpy as np
 import paddle
 
+from zoo.engine import distributed as dist
 from zoo.losses import DBLoss
+from zoo.metrics.bootstrap import bootstrap_hmean
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
@@ -44,6 +46,7 @@ class DBTask:
             raise ValueError(f"model.task: {e}") from e
         self.evaluator = DetectionIoUEvaluator(iou_constraint, area_precision_constraint)
         self.viewable = Denormalize(mean, std, rgb)
+        self._counts: list[tuple[float, float, float]] = []  # per image: gt_care, det_care, matched
 
     @staticmethod
     def _maps(out) -> paddle.Tensor:
@@ -70,15 +73,27 @@ class DBTask:
         """Summed ``gt_care``, ``det_care``, ``matched`` and ``num_images`` for one batch."""
         predictions = self.predict(model, batch)
         gts = self._ground_truth(batch)
-        counts = sum_counts(self.evaluator.evaluate_image(gt, ign, boxes)
-                            for (gt, ign), (boxes, _) in zip(gts, predictions))
-        return {**counts, "num_images": float(len(gts))}
+        per_image = [self.evaluator.evaluate_image(gt, ign, boxes)
+                     for (gt, ign), (boxes, _) in zip(gts, predictions)]
+        self._counts.extend((c["gt_care"], c["det_care"], c["matched"]) for c in per_image)
+        return {**sum_counts(per_image), "num_images": float(len(gts))}
+
+    def begin_eval(self, val_set) -> None:
+        """Start collecting per-image counts (for the bootstrap CI over images)."""
+        self._counts = []
 
     def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Pooled counts (over batches and ranks) to precision, recall, hmean."""
         if sums.get("num_images", 0.0) <= 0:
             raise ValueError("no images were evaluated (empty validation split?)")
+        if dist.world_size() > 1:
+            self._counts = [c for part in dist.all_gather_objects(self._counts) for c in part]
         return {**self.evaluator.combine(sums), "num_images": int(sums["num_images"])}
+
+    def bootstrap_primary(self, n_resamples: int) -> dict:
+        """Bootstrap CI over validation images of hmean: per-image (gt_care, det_care, matched)
+        rows are resampled and hmean recomputed from their sums."""
+        return bootstrap_hmean(self._counts, n_resamples)
 
 
     @paddle.no_grad()

@@ -1,0 +1,61 @@
+"""The per-comparison lines under the parity table: which test and why, the per-seed differences,
+runs that were not paired, the power line, the eval-only effect and the evaluation noise."""
+from __future__ import annotations
+
+
+def _pp(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _seed_list(items) -> str:
+    return ", ".join(f"seed {seed} {_pp(v)}" for seed, v in items)
+
+
+def power_text(side: dict, delta: float) -> str:
+    """The power line: smallest margin shown, and seeds the configured margin needs."""
+    p = side.get("power")
+    if not p:
+        return "power: no comparison"
+    if p["min_margin"] is None:
+        return ("power: one seed on a side gives no variance estimate, so no margin can be shown; "
+                "run two or more paired seeds and this line says how many the margin needs")
+    unit = "paired seeds" if p["paired"] else "seeds per side"
+    spread = "std of the per-seed differences" if p["paired"] else "sqrt(var FP32 + var AMP) over seeds"
+    need = (f"{p['n_needed']} {unit}" if p["n_needed"] is not None else f"more than 10000 {unit}")
+    text = (f"power: equivalence could be shown at any margin above {p['min_margin']:.2f} pp (largest "
+            f"|bound| of the 90% CI); the ±{delta:g} pp margin needs {need} for {p['power']:.0%} power "
+            f"({spread} {p['sd']:.2f} pp, true difference assumed 0)")
+    if side.get("diff") is not None and abs(side["diff"]) >= delta:
+        text += ("; the observed difference is beyond the margin: if it is real, no number of seeds "
+                 "shows equivalence")
+    return text
+
+
+def comparison_lines(entry: dict, side: dict) -> list[str]:
+    """Markdown lines explaining one AMP-vs-FP32 comparison."""
+    lines = [f"**{entry['group']} / {side['precision']} vs fp32**: {side['test']} ({side['test_reason']}); "
+             f"verdict {side['verdict']}"]
+    if side.get("pairs"):
+        lines.append(f"- per-seed differences ({side['precision']} − fp32, pp): "
+                     + _seed_list((p["seed"], p["diff"]) for p in side["pairs"]))
+    for u in side.get("unpaired", []):
+        lines.append(f"- not paired: `{u['path']}` (seed {u['seed']}): {u['reason']}")
+    lines.append(f"- {power_text(side, entry['delta'])}")
+    effect = side.get("eval_only_effect")
+    if effect:
+        lines.append(f"- eval-only effect ({side['precision']} evaluation − FP32 evaluation of the same "
+                     f"final weights): mean {_pp(effect['mean'])} pp; "
+                     + _seed_list(sorted(effect["per_seed"].items(), key=lambda kv: str(kv[0]))))
+    noise = []
+    for s in (entry["fp32"], side):
+        if s is None:
+            continue
+        cis = [c for c in s.get("eval_ci", []) if c]
+        if cis:
+            noise.append(f"{s['precision']}: " + ", ".join(
+                f"seed {c['seed']} [{c['low']:.2f}, {c['high']:.2f}]" for c in cis))
+    if noise:
+        n_img = next(c["n_images"] for s in (entry["fp32"] or {}, side) for c in s.get("eval_ci", []) if c)
+        lines.append(f"- evaluation noise (95% bootstrap CI over {n_img} validation images, pp): "
+                     + "; ".join(noise))
+    return lines
