@@ -103,6 +103,10 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
     from conftest import ROOT, run_tool
 
     _text_root(tmp_path / "data")
+    # The bad image at line 40, so that it is met during training, not among the first batches
+    # that the run reads before step 1 for its pairing digests (zoo/engine/provenance.py).
+    lines = [f"img/good.jpg\t{GOOD}"] * 39 + [f"img/cut.jpg\t{GOOD}"]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
     out = run_tool(["tools/train.py", "model=db_det_tiny", "data=icdar2015", f"data.root={tmp_path / 'data'}",
                     "data.builder.train_label=train.txt", "data.builder.val_label=val.txt",
                     "data.builder.verify_images=false", "trainer.max_steps=20", "model.batch_size=2",
@@ -110,7 +114,7 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
                     "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}"], ROOT, timeout=100)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"{tmp_path / 'data' / 'train.txt'}:4" in errors[0] and "truncated" in errors[0]
+    assert len(errors) == 1 and f"{tmp_path / 'data' / 'train.txt'}:40" in errors[0] and "truncated" in errors[0]
     assert "Traceback" not in out.stderr
     log = (tmp_path / "run" / "train.log").read_text()  # the console's plain lines are in the log too
     assert "precision: requested fp32" in log and errors[0] in log
