@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     over = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress=false",
             f"trainer.max_steps={args.warmup + args.steps + 1}", "trainer.ckpt_every=1000000",
-            "sched=constant", "optim.optimizer.multi_precision=false", "trainer.eval_precision=train",
+            "optim.optimizer.multi_precision=false", "trainer.eval_precision=train",
             *args.overrides]
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
