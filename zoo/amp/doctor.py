@@ -100,7 +100,9 @@ def check(model, task, optimizer, batches, amp) -> Run:
         run.scales.append(amp.loss_scale)
         stepped = amp.step(optimizer)
         grads = param_grads(model)   # unscaled by GradScaler (and rounded, when stored low)
-        if before:
+        if before and not stepped:
+            run.flushed.append(None)
+        if before and stepped:   # a skipped step's gradients are inf/NaN: nothing to count
             lost = sum(int(((before[n] != 0) & (grads[n] == 0)).sum()) for n in before)
             run.flushed.append(lost / max(1, sum(b.size for b in before.values())))
         optimizer.clear_grad()
@@ -132,7 +134,14 @@ def compare(ref: Run, got: Run) -> dict:
         g = got.first_params.get(name)
         if g is not None:
             params[name] = {"grad_rel_err": relative_error(r, g), "grad_cos": cosine(r, g)}
-    return {"ops": rows, "params": params}
+    lost = total = 0   # O2 stored-low gradients: nonzero in FP32, 0 emulated, step 1 (same weights)
+    for name in got.low_params & set(ref.first_params):
+        r, g = ref.first_params[name], got.first_params.get(name)
+        if g is not None and r.shape == g.shape and np.isfinite(g).all():
+            lost += int(((r != 0) & (g == 0)).sum())
+            total += int((r != 0).sum())
+    return {"ops": rows, "params": params,
+            "lost_nonzero_param_grads": lost / total if total else None}
 
 
 def _fresh(cfg, n_batches: int):

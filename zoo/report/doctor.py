@@ -88,11 +88,17 @@ def _check_lines(result: dict) -> list[str]:
     skipped = [i + 1 for i, s in enumerate(emu.stepped) if not s]
     scales = ", ".join(_fmt(s, "{:g}") for s in emu.scales) if any(s is not None for s in emu.scales) else "none"
     line = (f"emulated check ({len(emu.stepped)} steps): skipped steps {skipped or 'none'}; loss scale per "
-            f"step {scales}; loss {', '.join(_fmt(v, '{:.4g}') for v in emu.losses)}")
+            f"step {scales}; loss {', '.join(_fmt(v, '{:.4g}') for v in emu.losses)} (FP32: "
+            f"{', '.join(_fmt(v, '{:.4g}') for v in measured.losses)})")
     out = pre + [line]
+    lost = (result.get("comparison") or {}).get("lost_nonzero_param_grads")
+    if lost is not None:
+        out.append(f"  step 1: {lost:.0%} of the stored-low gradient entries FP32 has nonzero are 0 emulated "
+                   f"(predicted {result['flush'].get('flushed_share_of_nonzero', 0):.0%} flushed by storing alone;"
+                   " the rest underflowed earlier, in the backward)")
     if emu.flushed:
         out.append("  emulated: entries nonzero before storing, 0 after, per step: "
-                   + ", ".join(f"{x:.1%}" for x in emu.flushed))
+                   + ", ".join("skipped" if x is None else f"{x:.1%}" for x in emu.flushed))
     return out
 
 
@@ -143,7 +149,8 @@ def _json(result: dict, rows: list[dict]) -> dict:
         out["check"] = {"stepped": emu.stepped, "loss_scale": emu.scales, "loss": emu.losses,
                         "flushed_param_grad_share": emu.flushed,
                         "predicted_flushed_param_grad_share": result["measured"].flushed,
-                        "params": (result.get("comparison") or {}).get("params", {})}
+                        "params": (result.get("comparison") or {}).get("params", {}),
+                        "lost_nonzero_param_grads": (result.get("comparison") or {}).get("lost_nonzero_param_grads")}
     return out
 
 
