@@ -115,19 +115,23 @@ def plot(result: dict, rows: list[dict], path: Path) -> None:
     if len(names) > 40:
         keep = set(sorted(names, key=lambda n: -layers[n][0].max_abs)[:40])
         names = [n for n in names if n in keep]
-    fig, axes = plt.subplots(1, 2, figsize=(13, max(3.0, 0.22 * len(names) + 1.5)), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(14, max(3.0, 0.22 * len(names) + 1.5)), sharey=True,
+                             layout="constrained")
     y = np.arange(len(names))
     for ax, idx, title, mult in ((axes[0], 0, "activations |x|", 1.0), (axes[1], 1, f"gradients |g| x scale {scale:g}", scale)):
-        lo = [max(_quantile_exp(layers[n][idx], 0.01) * mult, 1e-45) for n in names]
-        hi = [max(layers[n][idx].max_abs * mult, 1e-45) for n in names]
+        floor = fmt.min_subnormal / 1e4   # bars start here when the 1st percentile is lower still
+        lo = [max(_quantile_exp(layers[n][idx], 0.01) * mult, floor) for n in names]
+        hi = [max(layers[n][idx].max_abs * mult, floor) for n in names]
         bad = [h >= fmt.max for h in hi]
         ax.barh(y, np.array(hi) - np.array(lo), left=lo, color=["#c33" if b else "#48a" for b in bad])
         ax.set_xscale("log")
+        ax.set_xlim(floor, max(fmt.max * 100, max(hi, default=1.0) * 10))
+        ax.axvspan(fmt.min_normal, fmt.max, color="#efe", zorder=0)
         ax.axvline(fmt.max, color="r", ls="--", label=f"{fmt.name} max {fmt.max:.3g}")
         ax.axvline(fmt.min_normal, color="orange", ls="--", label=f"smallest normal {fmt.min_normal:.2g}")
         ax.axvline(fmt.min_subnormal, color="k", ls=":", label=f"smallest subnormal {fmt.min_subnormal:.2g}")
         ax.set_title(title + " (1st percentile .. max)")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     lo_s, hi_s = result["loss_scale"]["window"]
     if fmt.name == "fp16" and lo_s <= hi_s:
         axes[1].set_xlabel(f"loss-scale window [{lo_s:g}, {hi_s:g}] keeps the largest finite, 99% normal")
@@ -135,7 +139,6 @@ def plot(result: dict, rows: list[dict], path: Path) -> None:
     axes[0].set_yticklabels([n[-40:] for n in names], fontsize=6)
     axes[0].invert_yaxis()
     fig.suptitle(f"{result['model']} {result['amp']}: {fmt.name} ops, per layer — verdict {result['verdict']}")
-    fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
