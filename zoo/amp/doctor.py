@@ -28,6 +28,7 @@ class Run:
     """What one pass over the steps saw."""
 
     records: dict
+    low_inputs: set = field(default_factory=set)      # parameters whose gradients pass the format
     params: dict = field(default_factory=dict)        # name -> Stats of the (unscaled) gradient
     first_params: dict = field(default_factory=dict)  # name -> sample of step 1's gradient
     low_params: set = field(default_factory=set)      # names whose gradients a GPU stores low
@@ -54,6 +55,7 @@ def _steps(model, task, batches, probe, autocast, backward, step) -> Run:
             if i == 0:
                 run.first_params[name] = sample(g)
     run.seconds = time.time() - t0
+    run.low_inputs = set(probe.low_inputs)
     return run
 
 

@@ -71,9 +71,11 @@ def near_overflow(records, amp, fmt) -> list[dict]:
 
 
 def gradient_window(measured, amp, fmt) -> tuple[list[tuple[str, Stats]], tuple[float, float]]:
-    """Gradients a GPU holds in the format: into low ops' outputs, and stored low (O2)."""
+    """Gradients a GPU holds in the format: into low ops' outputs, into the parameters low ops
+    consume (a weight gradient of an fp16 conv is fp16), and stored low (O2)."""
     named = [(k, r.grad) for k, r in measured.records.items() if r.low and r.grad.nonzero]
-    named += [(n, s) for n, s in measured.params.items() if n in measured.low_params and s.nonzero]
+    low = measured.low_params | measured.low_inputs
+    named += [(n, s) for n, s in measured.params.items() if n in low and s.nonzero]
     return named, loss_scale_window([s for _, s in named], fmt)
 
 
@@ -179,9 +181,10 @@ def diagnose(measured, emulated, amp) -> dict:
     scale_f, scale_info = loss_scale_findings(measured, amp, fmt)
     flush_f, flush_info = flush_findings(measured, amp, fmt)
     findings += scale_f + flush_f + bf16_findings(measured.records, amp, fmt)
-    calib = sum(1 for f in scale_f if f["severity"] == "note") and \
-        max(1, math.ceil(math.log2(max(1.0, amp.scaler_args["init_loss_scaling"] / scale_info["window"][1]))))
-    findings += check_findings(findings, emulated, int(calib or 0)) if emulated else []
+    calib = 0   # skips the dynamic scaler needs to come down from init_loss_scaling into the window
+    if any(f["severity"] == "note" for f in scale_f):
+        calib = max(1, math.ceil(math.log2(amp.scaler_args["init_loss_scaling"] / scale_info["window"][1])))
+    findings += check_findings(findings, emulated, calib) if emulated else []
     findings.sort(key=lambda f: -SEVERITY[f["severity"]])
     worst = max((SEVERITY[f["severity"]] for f in findings), default=0)
     verdict = {2: "will fail", 1: "risky", 0: "OK"}[worst]

@@ -85,6 +85,8 @@ class Probe:
         self._stack: list[tuple[str, str]] = [("model", type(model).__name__)]
         self._seen: Counter = Counter()
         self._hooks = []
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self.low_inputs: set[str] = set()   # parameters entering a low-precision op: fp16 gradients
 
     # ---- layer names --------------------------------------------------------------------------
     def _attach(self):
@@ -119,6 +121,9 @@ class Probe:
         if any(getattr(a, _OVER, False) for a in emu._float_tensors(args)):
             rec.inputs_overflowed += 1
         rec.low_calls += int(emu.is_low(t))
+        if emu.is_low(t):  # its backward casts the gradient of every input to the format
+            self.low_inputs.update(self._param_names[id(a)] for a in emu._float_tensors(args)
+                                   if id(a) in self._param_names)
         value = t.numpy()
         this = Stats().add(value)
         rec.out.merge(this)
