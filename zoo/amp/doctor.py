@@ -17,7 +17,7 @@ import numpy as np
 
 from zoo.amp import emulation as emu
 from zoo.amp.capability import DeviceInfo
-from zoo.amp.numerics import Stats, cosine, relative_error
+from zoo.amp.numerics import FORMATS, Stats, cosine, relative_error
 from zoo.amp.probe import Probe, param_grads, sample
 
 CPU = DeviceInfo("cpu", "cpu")
@@ -31,6 +31,7 @@ class Run:
     low_inputs: set = field(default_factory=set)      # parameters whose gradients pass the format
     params: dict = field(default_factory=dict)        # name -> Stats of the (unscaled) gradient
     first_params: dict = field(default_factory=dict)  # name -> sample of step 1's gradient
+    sizes: dict = field(default_factory=dict)         # name -> entries of the gradient
     low_params: set = field(default_factory=set)      # names whose gradients a GPU stores low
     losses: list = field(default_factory=list)
     stepped: list = field(default_factory=list)
@@ -53,7 +54,7 @@ def _steps(model, task, batches, probe, autocast, backward, step) -> Run:
         for name, g in step(run).items():
             run.params.setdefault(name, Stats()).add(g)
             if i == 0:
-                run.first_params[name] = sample(g)
+                run.first_params[name], run.sizes[name] = sample(g), g.size
     run.seconds = time.time() - t0
     run.low_inputs = set(probe.low_inputs)
     return run
@@ -62,6 +63,7 @@ def _steps(model, task, batches, probe, autocast, backward, step) -> Run:
 def measure(model, task, optimizer, batches, amp) -> Run:
     """FP32 steps with the emulation's op decisions recorded (no rounding anywhere)."""
     rule = emu.Emulation(amp.level, amp.dtype, amp.white, amp.black, forward=False, backward=False)
+    zero = FORMATS[amp.dtype].min_subnormal / 2
     low = set()
     if amp.level == "O2":
         emu.mark_o2_parameters(model, amp.dtype)
@@ -71,9 +73,9 @@ def measure(model, task, optimizer, batches, amp) -> Run:
 
     def step(run):
         grads = param_grads(model)
-        if low:  # what a GPU would flush storing these after unscaling: 0 < |g| < 2^-25
+        if low:  # what a GPU would flush storing these after unscaling: 0 < |g| < half the smallest subnormal
             kept = [grads[n] for n in low if n in grads]
-            lost = sum(int(((g != 0) & (np.abs(g) < 2.0 ** -25)).sum()) for g in kept)
+            lost = sum(int(((g != 0) & (np.abs(g) < zero)).sum()) for g in kept)
             run.flushed.append(lost / max(1, sum(g.size for g in kept)))
         optimizer.step()
         optimizer.clear_grad()
@@ -136,12 +138,13 @@ def compare(ref: Run, got: Run) -> dict:
         g = got.first_params.get(name)
         if g is not None:
             params[name] = {"grad_rel_err": relative_error(r, g), "grad_cos": cosine(r, g)}
-    lost = total = 0   # O2 stored-low gradients: nonzero in FP32, 0 emulated, step 1 (same weights)
+    lost = total = 0.0   # O2 stored-low gradients: nonzero in FP32, 0 emulated, step 1 (same weights)
     for name in got.low_params & set(ref.first_params):
         r, g = ref.first_params[name], got.first_params.get(name)
         if g is not None and r.shape == g.shape and np.isfinite(g).all():
-            lost += int(((r != 0) & (g == 0)).sum())
-            total += int((r != 0).sum())
+            weight = ref.sizes[name] / r.size   # the samples stand for the whole tensor
+            lost += weight * int(((r != 0) & (g == 0)).sum())
+            total += weight * int((r != 0).sum())
     return {"ops": rows, "params": params,
             "lost_nonzero_param_grads": lost / total if total else None}
 

@@ -94,10 +94,10 @@ def _check_lines(result: dict) -> list[str]:
     lost = (result.get("comparison") or {}).get("lost_nonzero_param_grads")
     if lost is not None:
         out.append(f"  step 1: {lost:.0%} of the stored-low gradient entries FP32 has nonzero are 0 emulated "
-                   f"(predicted {result['flush'].get('flushed_share_of_nonzero', 0):.0%} flushed by storing alone;"
-                   " the rest underflowed earlier, in the backward)")
+                   f"(predicted over all steps: {result['flush'].get('flushed_share_of_nonzero', 0):.0%} flushed by "
+                   "storing; more can underflow earlier, in the fp16 backward)")
     if emu.flushed:
-        out.append("  emulated: entries nonzero before storing, 0 after, per step: "
+        out.append("  emulated, flushed by the fp16 store itself (share of all stored entries), per step: "
                    + ", ".join("skipped" if x is None else f"{x:.1%}" for x in emu.flushed))
     return out
 
