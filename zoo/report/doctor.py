@@ -47,8 +47,10 @@ def _risk(row) -> float:
 
 
 def _fmt(x, spec="{:.3g}"):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if x is None:
         return "-"
+    if isinstance(x, float) and math.isnan(x):   # a cosine against a non-finite emulated tensor
+        return "nan"
     return spec.format(x)
 
 
@@ -60,17 +62,20 @@ def table(result: dict, rows: list[dict], top: int) -> str:
             f"{ls['init_loss_scaling']:g} {'dynamic' if ls['dynamic'] else 'static'}); {result['steps']} "
             f"steps of batch {result['batch_size']} on data={result['data']}")
     low = [r for r in rows if r["precision"] != "fp32"]
-    lines = [head, f"{len(low)} of {len(rows)} op outputs computed in {fmt.name}; top {top} by risk:",
+    lines = [head, f"{len(low)} of {len(rows)} op outputs computed in {fmt.name}; top {top} by risk "
+             "(max|g|*S, g->0: gradient into the output at the initial loss scale, share rounding to 0; "
+             "relerr, cos, g cos: emulated step 1 against FP32):",
              f"{'layer:op':<44} {'type':<14} {'max|x|':>9} {'>max':>7} {'max|g|*S':>9} {'g->0':>6} "
-             f"{'relerr':>7} {'cos':>6}", "-" * 108]
+             f"{'relerr':>7} {'cos':>6} {'g cos':>6}", "-" * 115]
     scale = ls["init_loss_scaling"] if fmt.name == "fp16" else 1.0
     for r in sorted(low, key=_risk, reverse=True)[:top]:
         g = r["grad"] or {}
         lines.append(f"{r['key'][-44:]:<44} {r['layer_type'][:14]:<14} {_fmt(r['out']['max_abs']):>9} "
                      f"{_fmt(r['out']['above_max'], '{:.1%}'):>7} "
                      f"{_fmt(g['max_abs'] * scale if g else None):>9} {_fmt(g.get('flushed'), '{:.0%}'):>6} "
-                     f"{_fmt(r.get('act_rel_err'), '{:.1e}'):>7} {_fmt(r.get('act_cos'), '{:.3f}'):>6}")
-    lines.append("-" * 108)
+                     f"{_fmt(r.get('act_rel_err'), '{:.1e}'):>7} {_fmt(r.get('act_cos'), '{:.3f}'):>6} "
+                     f"{_fmt(r.get('grad_cos'), '{:.3f}'):>6}")
+    lines.append("-" * 115)
     lines += _check_lines(result)
     lines.append("findings (worst first):" if result["findings"] else "findings: none")
     for i, f in enumerate(result["findings"], 1):
