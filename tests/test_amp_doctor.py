@@ -80,7 +80,7 @@ def _doctor(make, task, amp_kw, steps=2, run_check=True):
         model = make()
         return model, paddle.optimizer.SGD(1e-3, parameters=model.parameters())
 
-    amp_args = dict(name="t", enabled=True, level="O2", dtype="float16", **amp_kw)
+    amp_args = {"name": "t", "enabled": True, "level": "O2", "dtype": "float16", **amp_kw}
     model, opt = fresh()
     measured = measure(model, task, opt, batches, Amp(**amp_args))
     emulated = None
@@ -99,6 +99,14 @@ def test_exp_overflow_is_predicted_fails_in_the_emulation_and_black_listing_fixe
     assert compare(measured, emulated)["ops"]["model:exp"]["act_rel_err"] == math.inf
     fixed, _, emulated = _doctor(lambda: ExpNet(20.0), Task(), {"custom_black_list": ["exp"], "init_loss_scaling": 64.0})
     assert not any(f.get("op") == "exp" for f in fixed["findings"]) and all(emulated.stepped)
+
+
+def test_the_prediction_follows_the_emulation_rule_at_o1():
+    # fp16 O1: Paddle's own black list holds exp, and the fp32 bias makes the linear's output fp32
+    # anyway, so the same layer that fails at O2 computes exp in fp32 and is not flagged.
+    res, measured, _ = _doctor(lambda: ExpNet(20.0), Task(), {"level": "O1"}, run_check=False)
+    assert not measured.records["model:exp"].low and measured.records["fc:linear"].mode == "white"
+    assert not any(f.get("op") == "exp" for f in res["findings"])
 
 
 def test_a_small_exp_argument_is_not_flagged():
