@@ -33,13 +33,9 @@ def _load(overrides):
 
 
 def _batch(cfg):
-    from zoo.data.sampler import TrainBatchSampler, build_loader
-    from zoo.engine.run import build_data, seed_everything
+    from zoo.amp.probe import train_batches
 
-    seed_everything(cfg.seed)
-    train_set, _, _ = build_data(cfg)
-    sampler = TrainBatchSampler(len(train_set), cfg.model.batch_size, cfg.seed, 0, 1, drop_last=True)
-    return next(iter(build_loader(train_set, sampler, 0)))
+    return train_batches(cfg, 1)[0]
 
 
 def check(cfg) -> tuple[object, str]:

@@ -1,0 +1,192 @@
+"""Watch every op of a few training steps: where it ran, at what precision, with what magnitudes.
+
+:class:`Probe` names each ``_C_ops`` call (and Tensor operator) by the innermost layer running it
+(forward pre/post hooks on every sublayer keep a stack of names), reads whether the emulation made
+its output low precision (its tag), summarises the output and, through a tensor hook, the gradient
+that flows back into it. The same probe watches the FP32 measurement (an :class:`Emulation` with
+rounding switched off: fp32 values, the emulation's own op decisions) and the emulated check, so
+both runs name their ops identically. Shared with ``tools/amp_conformance.py``: :func:`train_batches`.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import paddle
+
+from zoo.amp import conformance as conf
+from zoo.amp import emulation as emu
+from zoo.amp.numerics import FORMATS, Stats
+
+SAMPLE = 8192           # entries kept per tensor for the step-1 comparison (evenly strided)
+REDUCTIONS = {"sum", "mean"}
+_OVER = "_zoo_doctor_over"  # set on low-precision outputs above the format's max
+
+
+def train_batches(cfg, n: int) -> list:
+    """The first ``n`` training batches a run with this config would see (same sampler, seed)."""
+    from zoo.data.sampler import TrainBatchSampler, build_loader
+    from zoo.engine.run import build_data, seed_everything
+
+    seed_everything(cfg.seed)
+    train_set, _, _ = build_data(cfg)
+    sampler = TrainBatchSampler(len(train_set), cfg.model.batch_size, cfg.seed, 0, 1, drop_last=True)
+    out = []
+    for batch in build_loader(train_set, sampler, 0):
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def sample(x: np.ndarray) -> np.ndarray:
+    flat = np.asarray(x, np.float32).ravel()
+    return flat[:: max(1, flat.size // SAMPLE)][:SAMPLE].copy()
+
+
+@dataclass
+class OpRecord:
+    """One named op (``layer:op``, ``#n`` for its n-th call in that layer in a step) over all steps."""
+
+    key: str
+    op: str
+    layer: str
+    layer_type: str
+    mode: str                                   # the emulation's white / black / gray
+    low_calls: int = 0
+    calls: int = 0
+    out: Stats = field(default_factory=Stats)
+    grad: Stats = field(default_factory=Stats)   # gradient flowing back into the output (unscaled)
+    reduction_error: float = 0.0
+    inputs_overflowed: int = 0                   # calls whose low input already held |x| > format max                 # bf16 reductions: relative error of the result
+    first_out: np.ndarray | None = None
+    first_grad: np.ndarray | None = None
+
+    @property
+    def low(self) -> bool:
+        return self.low_calls * 2 > self.calls
+
+
+class Probe:
+    """Context that records :class:`OpRecord` s for forward passes run inside it.
+
+    ``grad_scale`` divides the gradients the tensor hooks see (a scaled backward); ``keep_first``
+    keeps a sample of step 1's values for comparing two runs.
+    """
+
+    def __init__(self, model, emulation: emu.Emulation, fmt_dtype: str):
+        self.model, self.emulation, self.dtype = model, emulation, fmt_dtype
+        self.records: dict[str, OpRecord] = {}
+        self.step = 0
+        self.grad_scale = 1.0
+        self.limit = FORMATS[fmt_dtype].max
+        self._stack: list[tuple[str, str]] = [("model", type(model).__name__)]
+        self._seen: Counter = Counter()
+        self._hooks = []
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self.low_inputs: set[str] = set()   # parameters entering a low-precision op: fp16 gradients
+
+    # ---- layer names --------------------------------------------------------------------------
+    def _attach(self):
+        for name, layer in self.model.named_sublayers():
+            self._hooks.append(layer.register_forward_pre_hook(self._push(name, type(layer).__name__)))
+            self._hooks.append(layer.register_forward_post_hook(self._pop))
+
+    def _push(self, name, kind):
+        def pre(_layer, _inputs):
+            self._stack.append((name, kind))
+        return pre
+
+    def _pop(self, _layer, _inputs, _output):
+        if len(self._stack) > 1:
+            self._stack.pop()
+
+    # ---- ops ------------------------------------------------------------------------------------
+    def _hook(self, name, fn, args, kwargs):
+        out = fn(*args, **kwargs)
+        floats = conf._float_out(out)
+        if not floats:
+            return out
+        layer, kind = self._stack[-1]
+        base = f"{layer}:{name}"
+        self._seen[base] += 1
+        key = base if self._seen[base] == 1 else f"{base}#{self._seen[base] - 1}"
+        rec = self.records.get(key)
+        if rec is None:
+            rec = self.records[key] = OpRecord(key, name, layer, kind, self.emulation.mode(name))
+        t = floats[0]
+        rec.calls += 1
+        if any(getattr(a, _OVER, False) for a in emu._float_tensors(args)):
+            rec.inputs_overflowed += 1
+        rec.low_calls += int(emu.is_low(t))
+        if emu.is_low(t):  # its backward casts the gradient of every input to the format
+            self.low_inputs.update(self._param_names[id(a)] for a in emu._float_tensors(args)
+                                   if id(a) in self._param_names)
+        value = t.numpy()
+        this = Stats().add(value)
+        rec.out.merge(this)
+        if emu.is_low(t) and (this.nonfinite or this.max_abs > self.limit):
+            setattr(t, _OVER, True)
+        if self.step == 0 and rec.first_out is None:
+            rec.first_out = sample(value)
+        if name in REDUCTIONS and emu.is_low(t) and self.dtype == "bfloat16" and args:
+            rec.reduction_error = max(rec.reduction_error, _bf16_reduction_error(args[0], value))
+        if not t.stop_gradient:
+            t.register_hook(self._grad_hook(rec))
+        return out
+
+    def _grad_hook(self, rec: OpRecord):
+        step = self.step
+
+        def hook(g):
+            if g is None or not g._is_initialized():
+                return None
+            value = g.numpy() / self.grad_scale
+            rec.grad.add(value)
+            if step == 0 and rec.first_grad is None:
+                rec.first_grad = sample(value)
+            return None
+        return hook
+
+    @contextlib.contextmanager
+    def forward(self):
+        """Record the forward run inside (one training step's ``task.losses``)."""
+        self._seen.clear()
+        with conf._every_op(self._hook):
+            yield
+
+    def __enter__(self):
+        self._attach()
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to bfloat16 (nearest even) and back, in NumPy."""
+    b = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32)
+
+
+def _bf16_reduction_error(x, out: np.ndarray) -> float:
+    """Relative error of the whole sum of ``x`` when its inputs and its result are bf16 (a GPU
+    accumulates in fp32, so rounding happens there only); large when the sum cancels."""
+    if not isinstance(x, paddle.Tensor) or x.size < 2:
+        return 0.0
+    a = np.asarray(x.numpy(), np.float32).ravel()
+    exact = float(a.astype(np.float64).sum())
+    if exact == 0.0 or not np.isfinite(exact):
+        return 0.0
+    got = float(bf16_round(np.asarray([bf16_round(a).astype(np.float64).sum()], np.float32))[0])
+    return abs(got - exact) / abs(exact)
+
+
+def param_grads(model, scale: float = 1.0) -> dict[str, np.ndarray]:
+    """Parameter gradients as NumPy arrays (divided by ``scale``), by structured name."""
+    return {n: p.grad.numpy() / scale for n, p in model.named_parameters() if p.grad is not None}
