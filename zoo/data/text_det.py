@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from .classification import read_image_rgb
+from .classification import read_image_bgr, read_image_rgb
 from .images import ImageDecodeError, image_size, verify_image_file
 from .det_transforms import DetEvalTransform, DetTrainTransform
 
@@ -261,13 +261,12 @@ class TextDetDataset(paddle.io.Dataset):
             raise IndexError(f"{self.label_file}: invalid key {key} for {n} samples")
         epoch, index = divmod(key, n)
         try:
-            img = read_image_rgb(self.path(index))
+            # Decoded once in the order the model wants: OpenCV's own BGR needs no conversion.
+            img = (read_image_bgr if self.bgr else read_image_rgb)(self.path(index))
         except (OSError, ValueError) as e:
             where = f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
                 else f"{self.label_file} (sample {index})"
             raise type(e)(f"{where}: {e}") from None
-        if self.bgr:
-            img = np.ascontiguousarray(img[..., ::-1])
         polys, ignore = self.annotations(index)
         polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])  # same rule unverified
         if self.train:
