@@ -33,11 +33,23 @@ import cv2
 import numpy as np
 
 from .det_labels import make_border_map, make_shrink_map
-from .transforms import normalize_chw
+from .transforms import chw_uint8, normalize_chw
 
 __all__ = ["DetEvalTransform", "DetTrainTransform", "crop_area", "east_random_crop", "iaa_augment"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+NORMALIZE_ON = ("host", "device")
+
+
+def _check_normalize_on(value: str) -> str:
+    if value not in NORMALIZE_ON:
+        raise ValueError(f"data.builder.normalize_on: expected host or device, got {value!r}")
+    return value
+
+
+def _finish(img: np.ndarray, t) -> np.ndarray:
+    """CHW float32 normalised on the host, or CHW uint8 left for the device (``t``: a transform)."""
+    return normalize_chw(img, t.mean, t.std) if t.normalize_on == "host" else chw_uint8(img)
 
 
 def iaa_augment(img: np.ndarray, polys: np.ndarray, rng: np.random.Generator, flip_p: float = 0.5,
@@ -146,14 +158,15 @@ def east_random_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng
 class DetTrainTransform:
     """Train pipeline ``(img, polys, ignore, rng) -> item dict``.
 
-    Item: ``image`` float32 [3,S,S] normalised RGB, and float32 [S,S]
+    Item: ``image`` float32 [3,S,S] normalised (uint8 with ``normalize_on="device"``), and float32 [S,S]
     ``shrink_map``, ``shrink_mask``, ``threshold_map``, ``threshold_mask``.
     """
 
     def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
                  max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
                  min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
-                 mean=MEAN, std=STD):
+                 mean=MEAN, std=STD, normalize_on: str = "host"):
+        self.normalize_on = _check_normalize_on(normalize_on)
         if crop_size < 8:
             raise ValueError(f"crop_size must be >= 8, got {crop_size}")
         if not (0 <= flip_p <= 1 and rotate[0] <= rotate[1] and 0 < scale[0] <= scale[1]):
@@ -176,7 +189,7 @@ class DetTrainTransform:
         # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
         thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)
         gt, gt_mask = make_shrink_map(polys, ignore, s, s, self.shrink_ratio, self.min_text_size)
-        return {"image": normalize_chw(img, self.mean, self.std), "shrink_map": gt, "shrink_mask": gt_mask,
+        return {"image": _finish(img, self), "shrink_map": gt, "shrink_mask": gt_mask,
                 "threshold_map": thr, "threshold_mask": thr_mask}
 
     def __repr__(self) -> str:
@@ -193,7 +206,8 @@ class DetEvalTransform:
     ratios then refer to the padded size, so polygons still map correctly).
     """
 
-    def __init__(self, eval_size: Sequence[int] = (736, 1280), mean=MEAN, std=STD):
+    def __init__(self, eval_size: Sequence[int] = (736, 1280), mean=MEAN, std=STD, normalize_on: str = "host"):
+        self.normalize_on = _check_normalize_on(normalize_on)
         if len(eval_size) != 2 or min(eval_size) < 1:
             raise ValueError(f"eval_size must be (height, width), got {eval_size}")
         self.eval_size = (int(eval_size[0]), int(eval_size[1]))
@@ -209,7 +223,7 @@ class DetEvalTransform:
         ratio_h, ratio_w = out_h / img.shape[0], out_w / img.shape[1]
         img = cv2.resize(img, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
         shape = np.array([src_h, src_w, ratio_h, ratio_w], dtype=np.float32)
-        return {"image": normalize_chw(img, self.mean, self.std), "shape": shape}
+        return {"image": _finish(img, self), "shape": shape}
 
     def __repr__(self) -> str:
         return f"DetEvalTransform(eval_size={self.eval_size})"

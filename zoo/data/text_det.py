@@ -241,7 +241,12 @@ class TextDetDataset(paddle.io.Dataset):
         if self.train:
             self.transform = DetTrainTransform(crop_size, **aug)
         else:  # only the normalisation settings apply to eval
-            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std") if k in aug})
+            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std", "normalize_on")
+                                                             if k in aug})
+        # data.builder.normalize_on=device: items carry uint8 images; the loader normalises each
+        # batch where it lands (zoo/data/loader.py), a quarter of the bytes through the queues.
+        t = self.transform
+        self.device_normalize = (t.mean, t.std) if t.normalize_on == "device" else None
 
     def __len__(self) -> int:
         return len(self.paths)
