@@ -47,6 +47,10 @@ def _check_normalize_on(value: str) -> str:
     return value
 
 
+def _no_clock(stage: str) -> None:
+    pass
+
+
 def _finish(img: np.ndarray, t) -> np.ndarray:
     """CHW float32 normalised on the host, or CHW uint8 left for the device (``t``: a transform)."""
     return normalize_chw(img, t.mean, t.std) if t.normalize_on == "host" else chw_uint8(img)
@@ -181,15 +185,24 @@ class DetTrainTransform:
         self.thresh_min, self.thresh_max = float(thresh_min), float(thresh_max)
         self.mean, self.std = tuple(mean), tuple(std)
 
-    def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator) -> dict:
+    def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                 clock=None) -> dict:
+        """``clock(stage)``, if given, is called after each stage (tools/benchmark.py --pipeline)."""
+        clock = clock or _no_clock
         img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
+        clock("augment")
         img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
                                               self.min_crop_side_ratio)
+        clock("crop")
         s = self.crop_size
         # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
         thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)
+        clock("border_map")
         gt, gt_mask = make_shrink_map(polys, ignore, s, s, self.shrink_ratio, self.min_text_size)
-        return {"image": _finish(img, self), "shrink_map": gt, "shrink_mask": gt_mask,
+        clock("shrink_map")
+        image = _finish(img, self)
+        clock("normalize")
+        return {"image": image, "shrink_map": gt, "shrink_mask": gt_mask,
                 "threshold_map": thr, "threshold_mask": thr_mask}
 
     def __repr__(self) -> str:

@@ -1,0 +1,132 @@
+"""Input-pipeline benchmark: ms per image per stage, images/s per core (``tools/benchmark.py --pipeline``).
+
+The zoo's DB train pipeline is timed stage by stage exactly as :class:`TextDetDataset` runs it
+(the transform's ``clock`` hook). With ``paddleocr=PATH`` PaddleOCR's own train transforms, built
+from its ``configs/det/det_mv3_db.yml`` by its ``create_operators``, run on the same images in a
+worker process (:mod:`zoo.data._paddleocr_pipeline_worker`), alternating with the zoo pass by
+pass so drift in machine load hits both alike; the ratio is of medians over the passes.
+PaddleOCR is not a dependency: when its source or its requirements (albumentations, ...) are
+missing the comparison is skipped with the reason.
+
+Other pipelines (COCO, image lists) report read+decode and the whole item (decode included).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .classification import read_image_bgr, read_image_rgb
+from .text_det import TextDetDataset, clip_polys_to_image
+
+__all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "summarize"]
+
+DB_STAGES = ("read_decode", "augment", "crop", "border_map", "shrink_map", "normalize")
+WORKER = Path(__file__).with_name("_paddleocr_pipeline_worker.py")
+
+
+class _Clock:
+    """Accumulates the time since the previous mark under each stage name."""
+
+    def __init__(self, totals: dict):
+        self.totals, self.t = totals, time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.totals[stage] = self.totals.get(stage, 0.0) + now - self.t
+        self.t = now
+
+
+def db_pass(ds: TextDetDataset, n: int, epoch: int = 0) -> dict:
+    """Seconds per stage over images ``0..n-1`` of a train :class:`TextDetDataset`."""
+    totals: dict = {}
+    for index in range(n):
+        clock = _Clock(totals)
+        img = (read_image_bgr if ds.bgr else read_image_rgb)(ds.path(index))
+        polys, ignore = ds.annotations(index)
+        polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])
+        clock("read_decode")
+        ds.transform(img, polys, ignore, np.random.default_rng((ds.seed, epoch, index)), clock=clock)
+    return totals
+
+
+def _path_of(ds, index: int) -> str:
+    return str(ds.path(index)) if hasattr(ds, "path") else os.fsdecode(ds.files[index])
+
+
+def generic_pass(ds, n: int) -> dict:
+    """Seconds of read+decode alone and of whole items (decode included), images ``0..n-1``."""
+    totals = {"read_decode": 0.0, "whole_item": 0.0}
+    for index in range(n):
+        t0 = time.perf_counter()
+        read_image_rgb(_path_of(ds, index))
+        t1 = time.perf_counter()
+        ds[index]
+        totals["read_decode"] += t1 - t0
+        totals["whole_item"] += time.perf_counter() - t1
+    return totals
+
+
+def summarize(passes: list[dict], n: int) -> dict:
+    """Median over passes of ms per image, per stage and in total."""
+    stages = list(passes[0])
+    out = {s: float(np.median([p[s] for p in passes])) * 1e3 / n for s in stages}
+    total_key = "whole_item" if "whole_item" in out else None
+    out["total"] = out[total_key] if total_key else float(np.median([sum(p.values()) for p in passes])) * 1e3 / n
+    return out
+
+
+class PaddleOCRWorker:
+    """PaddleOCR's det_mv3_db train transforms in a child process; ``run()`` times one pass."""
+
+    def __init__(self, source: Path, python: str, label_file: Path, root: Path, n: int, crop: int, seed: int):
+        self.proc = None
+        self.reason = None
+        if not (Path(source) / "ppocr" / "data" / "imaug" / "__init__.py").is_file():
+            self.reason = f"{source} is not a PaddleOCR source tree (no ppocr/data/imaug/)"
+            return
+        cmd = [python, str(WORKER), str(source), str(label_file), str(root), str(n), str(crop), str(seed)]
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        hello = self._reply()
+        if hello is None or "error" in hello:
+            self.reason = (hello or {}).get("error") or self._stderr_tail()
+            self.close()
+
+    def _reply(self):
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def _stderr_tail(self) -> str:
+        self.proc.wait(timeout=30)
+        tail = self.proc.stderr.read().strip().splitlines()
+        return tail[-1] if tail else f"worker exited with status {self.proc.returncode}"
+
+    @property
+    def ok(self) -> bool:
+        return self.proc is not None and self.reason is None
+
+    def run(self) -> dict:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        reply = self._reply()
+        if reply is None or "error" in reply:
+            raise RuntimeError(f"PaddleOCR pipeline worker failed: {(reply or {}).get('error') or self._stderr_tail()}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        self.proc = None if self.reason is None else self.proc
+
+
+def default_python() -> str:
+    """The interpreter for PaddleOCR's side: $AMPZOO_PADDLEOCR_PYTHON, else this one."""
+    return os.environ.get("AMPZOO_PADDLEOCR_PYTHON") or sys.executable
