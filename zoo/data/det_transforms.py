@@ -20,7 +20,11 @@ Deliberate differences from upstream, all about correctness:
   clips text extents to the image before marking them (upstream's slices wrap
   around for negative coordinates after rotation);
 * ``rng.choice`` replaces ``int(np.random.choice(..., size=1))``, which raises
-  on numpy >= 2.4.
+  on numpy >= 2.4;
+* by default (``geometry="one_warp"``, :func:`augment_and_crop`) flip, rotation,
+  resize and the crop are one ``cv2.warpAffine`` into the crop: the same draws,
+  crop and polygons (bit-identical), the image sampled once instead of three
+  times (a little sharper; ``geometry="sequential"`` keeps upstream's order).
 
 Images are HWC uint8 RGB; polygons ``[K,4,2]`` float (x, y) pixels.
 """
@@ -35,10 +39,12 @@ import numpy as np
 from .det_labels import make_border_map, make_shrink_map
 from .transforms import chw_uint8, normalize_chw
 
-__all__ = ["DetEvalTransform", "DetTrainTransform", "crop_area", "east_random_crop", "iaa_augment"]
+__all__ = ["DetEvalTransform", "DetTrainTransform", "augment_and_crop", "crop_area", "east_random_crop",
+           "iaa_augment"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 NORMALIZE_ON = ("host", "device")
+GEOMETRIES = ("one_warp", "sequential")  # see augment_and_crop
 
 
 def _check_normalize_on(value: str) -> str:
@@ -159,6 +165,65 @@ def east_random_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng
     return out, polys[keep].reshape(-1, 4, 2), ignore[keep]
 
 
+def _augment_polys(polys: np.ndarray, h: int, w: int, flip: bool, angle: float, factor: float):
+    """Polygons and the 3x3 matrix of :func:`iaa_augment`'s flip, rotation and resize, with the
+    same float operations as there (so the crop search sees bit-identical polygons)."""
+    polys = np.array(polys, dtype=np.float64).reshape(-1, 4, 2)
+    m_all = np.eye(3)
+    if flip:
+        polys[..., 0] = (w - 1) - polys[..., 0]
+        m_all = np.array([[-1.0, 0, w - 1], [0, 1, 0], [0, 0, 1]])
+    if angle != 0:
+        m = cv2.getRotationMatrix2D(((w - 1) / 2, (h - 1) / 2), angle, 1.0)
+        polys = polys @ m[:, :2].T + m[:, 2]
+        m_all = np.vstack([m, [0, 0, 1]]) @ m_all
+    new_w, new_h = max(1, int(w * factor)), max(1, int(h * factor))
+    sx, sy = new_w / w, new_h / h
+    polys = (polys + 0.5) * (sx, sy) - 0.5
+    m_all = np.array([[sx, 0, 0.5 * sx - 0.5], [0, sy, 0.5 * sy - 0.5], [0, 0, 1]]) @ m_all
+    return polys, m_all, new_h, new_w
+
+
+def augment_and_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                     size: int = 640, flip_p: float = 0.5, rotate: Sequence[float] = (-10, 10),
+                     scale: Sequence[float] = (0.5, 3.0), max_tries: int = 50, min_crop_side_ratio: float = 0.1,
+                     clock=None):
+    """:func:`iaa_augment` then :func:`east_random_crop` as one ``cv2.warpAffine``.
+
+    The same draws from ``rng`` in the same order, the same crop search on the same (bit-identical)
+    polygons and the same kept polygons and ignore flags; only the image differs: it is sampled
+    once (bilinear) straight from the source by the composed flip, rotation, resize, crop-shift and
+    fit-resize, instead of being interpolated three times at full size. So it is slightly sharper
+    (no repeated bilinear blur) and pixels at the crop's edge interpolate with their true
+    neighbours instead of a replicated edge. The padding right/bottom of the fitted crop is zero,
+    as upstream. ``clock(stage)`` marks "augment" (draws, polygon maps, crop search) and "crop"
+    (the warp).
+    """
+    flip = rng.random() < flip_p
+    angle = rng.uniform(rotate[0], rotate[1])
+    factor = rng.uniform(scale[0], scale[1])
+    h, w = img.shape[:2]
+    polys, m_aug, ah, aw = _augment_polys(polys, h, w, flip, angle, factor)
+    ignore = np.asarray(ignore, dtype=bool).reshape(-1)
+    care = [p for p, ign in zip(polys, ignore) if not ign]
+    x, y, cw, ch = crop_area(ah, aw, care, rng, min_crop_side_ratio, max_tries)
+    fit = min(size / cw, size / ch)
+    fw, fh = max(1, int(cw * fit)), max(1, int(ch * fit))
+    sx, sy = fw / cw, fh / ch
+    polys = (polys - (x, y) + 0.5) * (sx, sy) - 0.5
+    keep = np.array([not _outside(p, 0, 0, fw, fh) for p in polys], dtype=bool)
+    if clock:
+        clock("augment")
+    crop = np.array([[sx, 0, (0.5 - x) * sx - 0.5], [0, sy, (0.5 - y) * sy - 0.5], [0, 0, 1]])
+    m = (crop @ m_aug)[:2]
+    out = np.zeros((size, size) + img.shape[2:], img.dtype)
+    out[:fh, :fw] = cv2.warpAffine(img, m, (fw, fh), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                                   borderValue=0)
+    if clock:
+        clock("crop")
+    return out, polys[keep].reshape(-1, 4, 2), ignore[keep]
+
+
 class DetTrainTransform:
     """Train pipeline ``(img, polys, ignore, rng) -> item dict``.
 
@@ -169,8 +234,11 @@ class DetTrainTransform:
     def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
                  max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
                  min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
-                 mean=MEAN, std=STD, normalize_on: str = "host"):
+                 mean=MEAN, std=STD, normalize_on: str = "host", geometry: str = "one_warp"):
         self.normalize_on = _check_normalize_on(normalize_on)
+        if geometry not in GEOMETRIES:
+            raise ValueError(f"data.builder.geometry: expected one of {GEOMETRIES}, got {geometry!r}")
+        self.geometry = geometry
         if crop_size < 8:
             raise ValueError(f"crop_size must be >= 8, got {crop_size}")
         if not (0 <= flip_p <= 1 and rotate[0] <= rotate[1] and 0 < scale[0] <= scale[1]):
@@ -189,11 +257,15 @@ class DetTrainTransform:
                  clock=None) -> dict:
         """``clock(stage)``, if given, is called after each stage (tools/benchmark.py --pipeline)."""
         clock = clock or _no_clock
-        img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
-        clock("augment")
-        img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
-                                              self.min_crop_side_ratio)
-        clock("crop")
+        if self.geometry == "one_warp":
+            img, polys, ignore = augment_and_crop(img, polys, ignore, rng, self.crop_size, self.flip_p, self.rotate,
+                                                  self.scale, self.max_tries, self.min_crop_side_ratio, clock)
+        else:  # the three full-size interpolations of upstream's order
+            img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
+            clock("augment")
+            img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
+                                                  self.min_crop_side_ratio)
+            clock("crop")
         s = self.crop_size
         # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
         thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)
