@@ -109,6 +109,11 @@ def pipeline_benchmark(args, overrides: list[str]) -> dict:
             theirs.append(worker.run())
     if worker:
         worker.close()
+    loader = {}
+    for rep in range(args.passes if args.workers else 0):  # alternate worker counts, median later
+        for w in args.workers:
+            loader.setdefault(w, []).append(pb.loader_images_per_s(train_set, cfg.model.batch_size, w,
+                                                                  max(1, n // cfg.model.batch_size)))
     zoo_ms = pb.summarize(ours, n)
     result = {"pipeline": "db_train" if db else type(train_set).__name__, "model": cfg.model.name,
               "data": cfg.data.name, "images": n, "passes": args.passes,
@@ -137,6 +142,10 @@ def pipeline_benchmark(args, overrides: list[str]) -> dict:
         if skipped:
             result["paddleocr_skipped"] = skipped
             print(f"PaddleOCR comparison skipped: {skipped}")
+    if loader:
+        result["loader_images_per_s"] = {str(w): float(np.median(v)) for w, v in loader.items()}
+        print(f"loader (batch {cfg.model.batch_size}, no model), images/s: " + ", ".join(
+            f"num_workers={w}: {np.median(v):.1f}" for w, v in loader.items()))
     return result
 
 
@@ -152,6 +161,8 @@ def main() -> None:
     ap.add_argument("--pipeline", action="store_true", help="time the input pipeline alone, per stage")
     ap.add_argument("--images", type=int, default=200, help="--pipeline: training images per pass")
     ap.add_argument("--passes", type=int, default=5, help="--pipeline: timed passes (alternated)")
+    ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="--pipeline: also the loader's images/s with these trainer.num_workers, e.g. 0,1,2")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=resnet18")
     args = ap.parse_args()
     # nargs="+" also swallows the Hydra overrides written after --against paddleocr PATH

@@ -24,7 +24,7 @@ import numpy as np
 from .classification import read_image_bgr, read_image_rgb
 from .text_det import TextDetDataset, clip_polys_to_image
 
-__all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "summarize"]
+__all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "summarize"]
 
 DB_STAGES = ("read_decode", "augment", "crop", "border_map", "shrink_map", "normalize")
 WORKER = Path(__file__).with_name("_paddleocr_pipeline_worker.py")
@@ -125,6 +125,21 @@ class PaddleOCRWorker:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
         self.proc = None if self.reason is None else self.proc
+
+
+def loader_images_per_s(ds, batch_size: int, num_workers: int, steps: int, warmup: int = 2) -> float:
+    """Images/s the training loader delivers with ``num_workers`` (no model), after ``warmup`` batches."""
+    from .loader import build_loader
+    from .sampler import TrainBatchSampler
+
+    sampler = TrainBatchSampler(len(ds), batch_size, seed=0, stop_step=warmup + steps)
+    it = iter(build_loader(ds, sampler, num_workers))
+    for _ in range(warmup):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        next(it)
+    return steps * batch_size / (time.perf_counter() - t0)
 
 
 def default_python() -> str:
