@@ -98,7 +98,10 @@ def pipeline_benchmark(args, overrides: list[str]) -> dict:
                                         cfg.seed)
             if not worker.ok:
                 skipped, worker = worker.reason, None
-    run = (lambda p: pb.db_pass(train_set, n, epoch=p)) if db else (lambda p: pb.generic_pass(train_set, n))
+    indices = worker.usable if worker else None  # both sides time the same images
+    if indices is not None:
+        n = len(indices)
+    run = (lambda p: pb.db_pass(train_set, n, p, indices)) if db else (lambda p: pb.generic_pass(train_set, n))
     run(args.passes)  # warm-up: file cache, imports, allocator
     if worker:
         worker.run()

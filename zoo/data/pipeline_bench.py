@@ -42,10 +42,10 @@ class _Clock:
         self.t = now
 
 
-def db_pass(ds: TextDetDataset, n: int, epoch: int = 0) -> dict:
-    """Seconds per stage over images ``0..n-1`` of a train :class:`TextDetDataset`."""
+def db_pass(ds: TextDetDataset, n: int, epoch: int = 0, indices=None) -> dict:
+    """Seconds per stage over images ``indices`` (default ``0..n-1``) of a train :class:`TextDetDataset`."""
     totals: dict = {}
-    for index in range(n):
+    for index in range(n) if indices is None else indices:
         clock = _Clock(totals)
         img = (read_image_bgr if ds.bgr else read_image_rgb)(ds.path(index))
         polys, ignore = ds.annotations(index)
@@ -98,6 +98,8 @@ class PaddleOCRWorker:
         if hello is None or "error" in hello:
             self.reason = (hello or {}).get("error") or self._stderr_tail()
             self.close()
+            return
+        self.usable = hello["usable"]  # indices of the images PaddleOCR can use (some boxes)
 
     def _reply(self):
         line = self.proc.stdout.readline()
