@@ -83,13 +83,13 @@ def main() -> None:
         with open(label_file, encoding="utf-8-sig") as f:
             items = [tuple(line.rstrip("\r\n").split("\t", 1)) for line in f if line.strip()][: int(n)]
         assert type(ops[1]).__name__ == "DetLabelEncode", [type(o).__name__ for o in ops]
-    except Exception as e:  # noqa: BLE001  (reported to the parent as the reason to skip)
-        print(json.dumps({"error": f"cannot build PaddleOCR's transforms: {type(e).__name__}: {e}"}), flush=True)
-        return
         # PaddleOCR's DetLabelEncode returns None for an image without boxes (its dataset then
         # draws another image): such images are left out, and the parent leaves them out too.
         usable = [i for i, (_, label) in enumerate(items) if ops[1]({"label": label}) is not None]
         items = [items[i] for i in usable]
+    except Exception as e:  # noqa: BLE001  (reported to the parent as the reason to skip)
+        print(json.dumps({"error": f"cannot build PaddleOCR's transforms: {type(e).__name__}: {e}"}), flush=True)
+        return
     print(json.dumps({"ready": [type(o).__name__ for o in ops], "images": len(items), "usable": usable}),
           flush=True)
     passes = 0
