@@ -138,3 +138,46 @@ def test_train_transform_geometry_option():
     assert np.abs(a["image"] - b["image"]).mean() < 0.05
     with pytest.raises(ValueError, match="geometry"):
         DetTrainTransform(64, geometry="fast")
+
+
+# ---------------------------------------------------------------- reduced JPEG decode (item 2)
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch):
+    from zoo.data import images
+    from zoo.data.det_transforms import DetTrainTransform
+
+    img, polys, ignore = _scene(seed, h=480, w=640)
+    img = cv2.GaussianBlur(img, (0, 0), 3)
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    data = buf.tobytes()
+    flags = []
+    real = images.decode_image
+    monkeypatch.setattr(images, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
+    t = DetTrainTransform(64, scale=(0.5, 1.0))  # the crop shrinks >= 2x: a reduced decode applies
+    a = t.decode_and_apply(data, "x.jpg", polys, ignore, np.random.default_rng(seed))
+    assert flags and flags[-1] != cv2.IMREAD_COLOR, "no reduced decode was used"
+    full = real(data, "x.jpg")
+    b = t(full, polys, ignore, np.random.default_rng(seed))
+    for k in ("shrink_map", "shrink_mask", "threshold_map", "threshold_mask"):
+        assert np.array_equal(a[k], b[k]), k
+    diff = np.abs(a["image"] - b["image"]) * 0.226 * 255  # back to grey levels
+    assert diff.mean() < 2.5 and np.percentile(diff, 99) < 12, (diff.mean(), np.percentile(diff, 99))
+    off = DetTrainTransform(64, scale=(0.5, 1.0), reduced_decode=False)
+    c = off.decode_and_apply(data, "x.jpg", polys, ignore, np.random.default_rng(seed))
+    assert np.array_equal(c["image"], b["image"])  # off: exactly decode + transform
+
+
+def test_no_reduced_decode_when_the_crop_enlarges(monkeypatch):
+    from zoo.data import images
+    from zoo.data.det_transforms import DetTrainTransform
+
+    img, polys, ignore = _scene(0, h=120, w=160)
+    data = cv2.imencode(".jpg", img)[1].tobytes()
+    flags = []
+    real = images.decode_image
+    monkeypatch.setattr(images, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
+    t = DetTrainTransform(160, scale=(1.0, 2.0))
+    a = t.decode_and_apply(data, "x.jpg", polys, ignore, np.random.default_rng(0))
+    b = t(real(data, "x.jpg"), polys, ignore, np.random.default_rng(0))
+    assert flags == [cv2.IMREAD_COLOR] and all(np.array_equal(a[k], b[k]) for k in a)

@@ -45,6 +45,9 @@ __all__ = ["DetEvalTransform", "DetTrainTransform", "augment_and_crop", "crop_ar
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 NORMALIZE_ON = ("host", "device")
 GEOMETRIES = ("one_warp", "sequential")  # see augment_and_crop
+REDUCED_FLAGS = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                 8: cv2.IMREAD_REDUCED_COLOR_8}
+REDUCE_TOLERANCE = 0.02  # a reduced decode may be enlarged by up to 2 % by the warp
 
 
 def _check_normalize_on(value: str) -> str:
@@ -184,6 +187,39 @@ def _augment_polys(polys: np.ndarray, h: int, w: int, flip: bool, angle: float, 
     return polys, m_all, new_h, new_w
 
 
+def plan_augment_and_crop(h: int, w: int, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                          size: int = 640, flip_p: float = 0.5, rotate: Sequence[float] = (-10, 10),
+                          scale: Sequence[float] = (0.5, 3.0), max_tries: int = 50,
+                          min_crop_side_ratio: float = 0.1):
+    """The geometry of :func:`augment_and_crop` for an ``h`` x ``w`` image, without its pixels.
+
+    Returns ``(m, fw, fh, polys, ignore)``: the 3x3 map from source pixels to the ``size`` crop,
+    the fitted crop's width and height, and the kept polygons and flags.
+    """
+    flip = rng.random() < flip_p
+    angle = rng.uniform(rotate[0], rotate[1])
+    factor = rng.uniform(scale[0], scale[1])
+    polys, m_aug, ah, aw = _augment_polys(polys, h, w, flip, angle, factor)
+    ignore = np.asarray(ignore, dtype=bool).reshape(-1)
+    care = [p for p, ign in zip(polys, ignore) if not ign]
+    x, y, cw, ch = crop_area(ah, aw, care, rng, min_crop_side_ratio, max_tries)
+    fit = min(size / cw, size / ch)
+    fw, fh = max(1, int(cw * fit)), max(1, int(ch * fit))
+    sx, sy = fw / cw, fh / ch
+    polys = (polys - (x, y) + 0.5) * (sx, sy) - 0.5
+    keep = np.array([not _outside(p, 0, 0, fw, fh) for p in polys], dtype=bool)
+    crop = np.array([[sx, 0, (0.5 - x) * sx - 0.5], [0, sy, (0.5 - y) * sy - 0.5], [0, 0, 1]])
+    return crop @ m_aug, fw, fh, polys[keep].reshape(-1, 4, 2), ignore[keep]
+
+
+def warp_crop(img: np.ndarray, m: np.ndarray, fw: int, fh: int, size: int) -> np.ndarray:
+    """The ``size`` x ``size`` crop: ``img`` warped by ``m`` into its top-left ``fw`` x ``fh``, zeros elsewhere."""
+    out = np.zeros((size, size) + img.shape[2:], img.dtype)
+    out[:fh, :fw] = cv2.warpAffine(img, m[:2], (fw, fh), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
+                                   borderValue=0)
+    return out
+
+
 def augment_and_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
                      size: int = 640, flip_p: float = 0.5, rotate: Sequence[float] = (-10, 10),
                      scale: Sequence[float] = (0.5, 3.0), max_tries: int = 50, min_crop_side_ratio: float = 0.1,
@@ -199,29 +235,19 @@ def augment_and_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng
     as upstream. ``clock(stage)`` marks "augment" (draws, polygon maps, crop search) and "crop"
     (the warp).
     """
-    flip = rng.random() < flip_p
-    angle = rng.uniform(rotate[0], rotate[1])
-    factor = rng.uniform(scale[0], scale[1])
-    h, w = img.shape[:2]
-    polys, m_aug, ah, aw = _augment_polys(polys, h, w, flip, angle, factor)
-    ignore = np.asarray(ignore, dtype=bool).reshape(-1)
-    care = [p for p, ign in zip(polys, ignore) if not ign]
-    x, y, cw, ch = crop_area(ah, aw, care, rng, min_crop_side_ratio, max_tries)
-    fit = min(size / cw, size / ch)
-    fw, fh = max(1, int(cw * fit)), max(1, int(ch * fit))
-    sx, sy = fw / cw, fh / ch
-    polys = (polys - (x, y) + 0.5) * (sx, sy) - 0.5
-    keep = np.array([not _outside(p, 0, 0, fw, fh) for p in polys], dtype=bool)
+    m, fw, fh, polys, ignore = plan_augment_and_crop(img.shape[0], img.shape[1], polys, ignore, rng, size, flip_p,
+                                                     rotate, scale, max_tries, min_crop_side_ratio)
     if clock:
         clock("augment")
-    crop = np.array([[sx, 0, (0.5 - x) * sx - 0.5], [0, sy, (0.5 - y) * sy - 0.5], [0, 0, 1]])
-    m = (crop @ m_aug)[:2]
-    out = np.zeros((size, size) + img.shape[2:], img.dtype)
-    out[:fh, :fw] = cv2.warpAffine(img, m, (fw, fh), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
-                                   borderValue=0)
+    out = warp_crop(img, m, fw, fh, size)
     if clock:
         clock("crop")
-    return out, polys[keep].reshape(-1, 4, 2), ignore[keep]
+    return out, polys, ignore
+
+
+def map_scale(m: np.ndarray) -> float:
+    """The largest factor by which the 2x2 part of ``m`` stretches a length."""
+    return float(np.linalg.svd(np.asarray(m)[:2, :2], compute_uv=False)[0])
 
 
 class DetTrainTransform:
@@ -234,8 +260,10 @@ class DetTrainTransform:
     def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
                  max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
                  min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
-                 mean=MEAN, std=STD, normalize_on: str = "host", geometry: str = "one_warp"):
+                 mean=MEAN, std=STD, normalize_on: str = "host", geometry: str = "one_warp",
+                 reduced_decode: bool = True):
         self.normalize_on = _check_normalize_on(normalize_on)
+        self.reduced_decode = bool(reduced_decode)
         if geometry not in GEOMETRIES:
             raise ValueError(f"data.builder.geometry: expected one of {GEOMETRIES}, got {geometry!r}")
         self.geometry = geometry
@@ -266,6 +294,53 @@ class DetTrainTransform:
             img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
                                                   self.min_crop_side_ratio)
             clock("crop")
+        return self._targets(img, polys, ignore, clock)
+
+    def decode_and_apply(self, data: bytes, path, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                         bgr: bool = True, clip=None, clock=None) -> dict:
+        """The item of the encoded image ``data`` (the bytes of ``path``): the same draws and labels as
+        decoding it and calling the transform.
+
+        With ``geometry=one_warp`` and ``reduced_decode`` a JPEG's geometry is planned from its
+        header first; when the whole map shrinks by 2, 4 or 8 (within 2 %) the JPEG is decoded
+        at that reduction (``cv2.IMREAD_REDUCED_COLOR_*``, a 2x2 (4x4, 8x8) low-pass much like the
+        bilinear sample at that scale) and the warp starts from the reduced image. ``clip(polys,
+        ignore, h, w)`` clips the polygons to the image first.
+        """
+        from .images import decode_image, image_size
+
+        clock = clock or _no_clock
+        clip = clip or (lambda p, g, h, w: (p, g))
+        if not (self.geometry == "one_warp" and self.reduced_decode and data[:2] == b"\xff\xd8"):
+            img = decode_image(data, path)
+            img = img if bgr else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+            polys, ignore = clip(polys, ignore, *img.shape[:2])
+            clock("read_decode")
+            return self(img, polys, ignore, rng, clock)
+        h, w = image_size(path, data)
+        polys, ignore = clip(polys, ignore, h, w)
+        m, fw, fh, polys, ignore = plan_augment_and_crop(h, w, polys, ignore, rng, self.crop_size, self.flip_p,
+                                                         self.rotate, self.scale, self.max_tries,
+                                                         self.min_crop_side_ratio)
+        clock("augment")
+        stretch = map_scale(m)
+        k = next((k for k in (8, 4, 2) if stretch * k <= 1 + REDUCE_TOLERANCE), 1)
+        img = decode_image(data, path, REDUCED_FLAGS[k])
+        if k > 1 and img.shape[:2] != (-(-h // k), -(-w // k)):  # not what the header promised
+            img, k = decode_image(data, path), 1
+        if img.shape[:2] != (h, w) and k == 1:
+            raise ValueError(f"image file {path} decodes to {img.shape[1]}x{img.shape[0]} (w x h) but its header "
+                             f"says {w}x{h}")
+        if k > 1:  # reduced pixel centres -> full-size pixel coordinates, then the planned map
+            rx, ry = w / img.shape[1], h / img.shape[0]
+            m = m @ np.array([[rx, 0, 0.5 * rx - 0.5], [0, ry, 0.5 * ry - 0.5], [0, 0, 1]])
+        img = img if bgr else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        clock("read_decode")
+        img = warp_crop(img, m, fw, fh, self.crop_size)
+        clock("crop")
+        return self._targets(img, polys, ignore, clock)
+
+    def _targets(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, clock) -> dict:
         s = self.crop_size
         # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
         thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)

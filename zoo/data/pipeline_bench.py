@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .classification import read_image_bgr, read_image_rgb
-from .text_det import TextDetDataset, clip_polys_to_image
+from .classification import read_image_rgb
+from .text_det import TextDetDataset
 
 __all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "summarize"]
 
@@ -46,13 +46,8 @@ def db_pass(ds: TextDetDataset, n: int, epoch: int = 0, indices=None) -> dict:
     """Seconds per stage over images ``indices`` (default ``0..n-1``) of a train :class:`TextDetDataset`."""
     totals: dict = {}
     for index in range(n) if indices is None else indices:
-        clock = _Clock(totals)
-        img = (read_image_bgr if ds.bgr else read_image_rgb)(ds.path(index))
-        polys, ignore = ds.annotations(index)
-        polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])
-        clock("read_decode")
-        ds.transform(img, polys, ignore, np.random.default_rng((ds.seed, epoch, index)), clock=clock)
-    return totals
+        ds.train_item(index, epoch, clock=_Clock(totals))  # exactly what the loader runs
+    return {s: totals.get(s, 0.0) for s in DB_STAGES}
 
 
 def _path_of(ds, index: int) -> str:

@@ -260,22 +260,41 @@ class TextDetDataset(paddle.io.Dataset):
         a, b = self.offsets[index], self.offsets[index + 1]
         return self.polys[a:b].copy(), self.ignore[a:b].copy()
 
+    def _where(self, index: int) -> str:
+        return f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
+            else f"{self.label_file} (sample {index})"
+
+    def train_item(self, index: int, epoch: int, clock=None) -> dict:
+        """The train item of image ``index`` in ``epoch`` (``clock``: tools/benchmark.py --pipeline)."""
+        path = self.path(index)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self._where(index)}: image file not found: {path}") from None
+        polys, ignore = self.annotations(index)
+        clip = lambda p, g, h, w: clip_polys_to_image(p, g, h, w)[:2]  # noqa: E731  (same rule unverified)
+        try:
+            return self.transform.decode_and_apply(data, path, polys, ignore,
+                                                   np.random.default_rng((self.seed, epoch, index)),
+                                                   self.bgr, clip, clock)
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{self._where(index)}: {e}") from None
+
     def __getitem__(self, key):
         key, n = int(key), len(self.paths)
         if n == 0 or key < 0:
             raise IndexError(f"{self.label_file}: invalid key {key} for {n} samples")
         epoch, index = divmod(key, n)
+        if self.train:
+            return self.train_item(index, epoch)
         try:
             # Decoded once in the order the model wants: OpenCV's own BGR needs no conversion.
             img = (read_image_bgr if self.bgr else read_image_rgb)(self.path(index))
         except (OSError, ValueError) as e:
-            where = f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
-                else f"{self.label_file} (sample {index})"
-            raise type(e)(f"{where}: {e}") from None
+            raise type(e)(f"{self._where(index)}: {e}") from None
         polys, ignore = self.annotations(index)
         polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])  # same rule unverified
-        if self.train:
-            return self.transform(img, polys, ignore, np.random.default_rng((self.seed, epoch, index)))
         item = self.transform(img)
         k = len(polys)
         item["polys"] = np.zeros((self.max_polys, 4, 2), np.float32)
