@@ -24,7 +24,9 @@ Deliberate differences from upstream, all about correctness:
 * by default (``geometry="one_warp"``, :func:`augment_and_crop`) flip, rotation,
   resize and the crop are one ``cv2.warpAffine`` into the crop: the same draws,
   crop and polygons (bit-identical), the image sampled once instead of three
-  times (a little sharper; ``geometry="sequential"`` keeps upstream's order).
+  times (a little sharper; ``geometry="sequential"`` keeps upstream's order);
+* ``DetTrainTransform.decode_and_apply`` plans that geometry from a JPEG's header
+  and decodes it reduced (1/2, 1/4, 1/8) when the map shrinks that much.
 
 Images are HWC uint8 RGB; polygons ``[K,4,2]`` float (x, y) pixels.
 """
