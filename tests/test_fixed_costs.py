@@ -94,3 +94,10 @@ def test_truncated_jpeg_still_refused_without_decoding(tmp_path):
         load_det_labels(label, "fail", tmp_path, decode=False)
     samples, problems = load_det_labels(label, "skip", tmp_path, decode=False)
     assert samples == [] and "truncated" in problems[0]
+
+
+def test_a_timing_run_can_be_continued_with_the_final_evaluation(tiny_cfg, tmp_path):
+    run_mod.train(tiny_cfg("trainer.final_eval=false"), tmp_path)
+    summary = run_mod.train(tiny_cfg("trainer.max_steps=6", "trainer.resume=auto"), tmp_path)
+    assert summary["steps"] == 6 and 0.0 <= summary["primary_metric"]["value"] <= 1.0
+    assert summary["resume_changes"] and "trainer.final_eval" in json.dumps(summary["resume_changes"])
