@@ -81,7 +81,7 @@ def _scene(seed, h=150, w=200):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_one_warp_gives_the_sequential_polygons_and_almost_the_image(seed):
-    from zoo.data.det_transforms import augment_and_crop, east_random_crop, iaa_augment
+    from zoo.data.det_geometry import augment_and_crop, east_random_crop, iaa_augment
 
     img, polys, ignore = _scene(seed)
     one = augment_and_crop(img, polys, ignore, np.random.default_rng(seed), size=96, scale=(0.5, 2.0))
@@ -110,7 +110,7 @@ def test_one_warp_gives_the_sequential_polygons_and_almost_the_image(seed):
 
 
 def test_one_warp_hand_computed_flip_and_half_scale():
-    from zoo.data.det_transforms import augment_and_crop
+    from zoo.data.det_geometry import augment_and_crop
 
     # no text to keep -> crop_area falls back to the whole (flipped, halved) image: 100x50 fitted to 64
     img = np.zeros((100, 200, 3), np.uint8)
