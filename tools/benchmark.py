@@ -80,76 +80,12 @@ def engine_loop(cfg, steps: int, warmup: int) -> float:
 
 def pipeline_benchmark(args, overrides: list[str]) -> dict:
     """``--pipeline``: stage timings of the configured training pipeline (see the module doc)."""
-    from zoo.data import pipeline_bench as pb
-    from zoo.data.text_det import TextDetDataset
+    from zoo.data import pipeline_bench
 
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     train_set, _, _ = build_data(cfg)
-    n = min(args.images, len(train_set))
-    db = isinstance(train_set, TextDetDataset)
-    worker, skipped = None, None
-    if args.against and args.against[0] == "paddleocr":
-        if not db:
-            skipped = "the PaddleOCR comparison is for DB (text detection) data only"
-        else:
-            worker = pb.PaddleOCRWorker(Path(args.against[1]).expanduser(), pb.default_python(),
-                                        train_set.label_file, train_set.root, n, train_set.transform.crop_size,
-                                        cfg.seed)
-            if not worker.ok:
-                skipped, worker = worker.reason, None
-    indices = worker.usable if worker else None  # both sides time the same images
-    if indices is not None:
-        n = len(indices)
-    run = (lambda p: pb.db_pass(train_set, n, p, indices)) if db else (lambda p: pb.generic_pass(train_set, n))
-    run(args.passes)  # warm-up: file cache, imports, allocator
-    if worker:
-        worker.run()
-    ours, theirs = [], []
-    for p in range(args.passes):  # alternate, so drift in machine load hits both alike
-        ours.append(run(p))
-        if worker:
-            theirs.append(worker.run())
-    if worker:
-        worker.close()
-    loader = {}
-    for rep in range(args.passes if args.workers else 0):  # alternate worker counts, median later
-        for w in args.workers:
-            loader.setdefault(w, []).append(pb.loader_images_per_s(train_set, cfg.model.batch_size, w,
-                                                                  max(1, n // cfg.model.batch_size)))
-    zoo_ms = pb.summarize(ours, n)
-    result = {"pipeline": "db_train" if db else type(train_set).__name__, "model": cfg.model.name,
-              "data": cfg.data.name, "images": n, "passes": args.passes,
-              "crop_size": getattr(getattr(train_set, "transform", None), "crop_size", None),
-              "zoo_ms_per_image": zoo_ms, "zoo_images_per_s_per_core": 1e3 / zoo_ms["total"],
-              "cv2_threads": __import__("cv2").getNumThreads(),
-              "omp_num_threads": __import__("os").environ.get("OMP_NUM_THREADS")}
-    stages = list(zoo_ms)
-    print(f"{result['pipeline']} pipeline, {n} images of data={cfg.data.name}"
-          f"{', crop ' + str(result['crop_size']) if result['crop_size'] else ''}, median of {args.passes} passes")
-    if worker:
-        ref_ms = pb.summarize(theirs, n)
-        result.update(paddleocr_ms_per_image=ref_ms, paddleocr_images_per_s_per_core=1e3 / ref_ms["total"],
-                      ratio=zoo_ms["total"] / ref_ms["total"],
-                      pass_ratios=[sum(a.values()) / sum(b.values()) for a, b in zip(ours, theirs)])
-        print(f"{'stage':<12} {'zoo ms':>8} {'PaddleOCR ms':>13} {'ratio':>7}")
-        for s in stages:
-            print(f"{s:<12} {zoo_ms[s]:8.2f} {ref_ms.get(s, float('nan')):13.2f} "
-                  f"{zoo_ms[s] / ref_ms[s] if ref_ms.get(s) else float('nan'):7.2f}")
-        print(f"images/s per core: zoo {result['zoo_images_per_s_per_core']:.1f}, PaddleOCR "
-              f"{result['paddleocr_images_per_s_per_core']:.1f}; zoo/PaddleOCR time ratio {result['ratio']:.3f}")
-    else:
-        for s in stages:
-            print(f"{s:<12} {zoo_ms[s]:8.2f} ms")
-        print(f"images/s per core: {result['zoo_images_per_s_per_core']:.1f}")
-        if skipped:
-            result["paddleocr_skipped"] = skipped
-            print(f"PaddleOCR comparison skipped: {skipped}")
-    if loader:
-        result["loader_images_per_s"] = {str(w): float(np.median(v)) for w, v in loader.items()}
-        print(f"loader (batch {cfg.model.batch_size}, no model), images/s: " + ", ".join(
-            f"num_workers={w}: {np.median(v):.1f}" for w, v in loader.items()))
-    return result
+    return pipeline_bench.run(cfg, train_set, args.images, args.passes, args.against, args.workers)
 
 
 def main() -> None:

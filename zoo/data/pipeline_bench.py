@@ -24,7 +24,7 @@ import numpy as np
 from .classification import read_image_rgb
 from .text_det import TextDetDataset
 
-__all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "summarize"]
+__all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "run", "summarize"]
 
 DB_STAGES = ("read_decode", "augment", "crop", "border_map", "shrink_map", "normalize")
 WORKER = Path(__file__).with_name("_paddleocr_pipeline_worker.py")
@@ -142,3 +142,73 @@ def loader_images_per_s(ds, batch_size: int, num_workers: int, steps: int, warmu
 def default_python() -> str:
     """The interpreter for PaddleOCR's side: $AMPZOO_PADDLEOCR_PYTHON, else this one."""
     return os.environ.get("AMPZOO_PADDLEOCR_PYTHON") or sys.executable
+
+
+def run(cfg, train_set, images: int, passes: int, against: list, workers: list) -> dict:
+    """Time ``passes`` passes over the first ``images`` training images (alternating with PaddleOCR's
+    transforms when ``against`` is ``["paddleocr", PATH]``), print the table, return the figures."""
+    import cv2
+
+    n = min(images, len(train_set))
+    db = isinstance(train_set, TextDetDataset)
+    worker, skipped = None, None
+    if against and against[0] == "paddleocr":
+        if not db:
+            skipped = "the PaddleOCR comparison is for DB (text detection) data only"
+        else:
+            worker = PaddleOCRWorker(Path(against[1]).expanduser(), default_python(), train_set.label_file,
+                                     train_set.root, n, train_set.transform.crop_size, cfg.seed)
+            if not worker.ok:
+                skipped, worker = worker.reason, None
+    indices = worker.usable if worker else None  # both sides time the same images
+    if indices is not None:
+        n = len(indices)
+    timed_pass = (lambda p: db_pass(train_set, n, p, indices)) if db else (lambda p: generic_pass(train_set, n))
+    timed_pass(passes)  # warm-up: file cache, imports, allocator
+    if worker:
+        worker.run()
+    ours, theirs = [], []
+    for p in range(passes):  # alternate, so drift in machine load hits both alike
+        ours.append(timed_pass(p))
+        if worker:
+            theirs.append(worker.run())
+    if worker:
+        worker.close()
+    loader = {}
+    for rep in range(passes if workers else 0):  # alternate worker counts, median later
+        for w in workers:
+            loader.setdefault(w, []).append(loader_images_per_s(train_set, cfg.model.batch_size, w,
+                                                                  max(1, n // cfg.model.batch_size)))
+    zoo_ms = summarize(ours, n)
+    result = {"pipeline": "db_train" if db else type(train_set).__name__, "model": cfg.model.name,
+              "data": cfg.data.name, "images": n, "passes": passes,
+              "crop_size": getattr(getattr(train_set, "transform", None), "crop_size", None),
+              "zoo_ms_per_image": zoo_ms, "zoo_images_per_s_per_core": 1e3 / zoo_ms["total"],
+              "cv2_threads": cv2.getNumThreads(),
+              "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    stages = list(zoo_ms)
+    print(f"{result['pipeline']} pipeline, {n} images of data={cfg.data.name}"
+          f"{', crop ' + str(result['crop_size']) if result['crop_size'] else ''}, median of {passes} passes")
+    if worker:
+        ref_ms = summarize(theirs, n)
+        result.update(paddleocr_ms_per_image=ref_ms, paddleocr_images_per_s_per_core=1e3 / ref_ms["total"],
+                      ratio=zoo_ms["total"] / ref_ms["total"],
+                      pass_ratios=[sum(a.values()) / sum(b.values()) for a, b in zip(ours, theirs)])
+        print(f"{'stage':<12} {'zoo ms':>8} {'PaddleOCR ms':>13} {'ratio':>7}")
+        for s in stages:
+            print(f"{s:<12} {zoo_ms[s]:8.2f} {ref_ms.get(s, float('nan')):13.2f} "
+                  f"{zoo_ms[s] / ref_ms[s] if ref_ms.get(s) else float('nan'):7.2f}")
+        print(f"images/s per core: zoo {result['zoo_images_per_s_per_core']:.1f}, PaddleOCR "
+              f"{result['paddleocr_images_per_s_per_core']:.1f}; zoo/PaddleOCR time ratio {result['ratio']:.3f}")
+    else:
+        for s in stages:
+            print(f"{s:<12} {zoo_ms[s]:8.2f} ms")
+        print(f"images/s per core: {result['zoo_images_per_s_per_core']:.1f}")
+        if skipped:
+            result["paddleocr_skipped"] = skipped
+            print(f"PaddleOCR comparison skipped: {skipped}")
+    if loader:
+        result["loader_images_per_s"] = {str(w): float(np.median(v)) for w, v in loader.items()}
+        print(f"loader (batch {cfg.model.batch_size}, no model), images/s: " + ", ".join(
+            f"num_workers={w}: {np.median(v):.1f}" for w, v in loader.items()))
+    return result
