@@ -13,6 +13,16 @@ steps after the warm-up, data loading included.
 ``--against fp32``: the engine with the configured ``amp`` against the same run with ``amp=fp32``;
 on a CPU that measures the cost of emulation. Everything after the flags is a Hydra override of
 configs/train.yaml.
+
+``--pipeline``: the input pipeline alone, ms per image per stage and images/s per core, medians over
+``--passes`` passes over the first ``--images`` training images (pin it: ``taskset -c 1`` with
+OMP_NUM_THREADS=1). DB only: ``--against paddleocr PATH`` also runs PaddleOCR's own det_mv3_db train
+transforms from the source tree PATH on the same images, alternating pass by pass, and prints the
+ratio (PaddleOCR's requirements must be importable by $AMPZOO_PADDLEOCR_PYTHON, default this python;
+otherwise the comparison is skipped, saying why)::
+
+    taskset -c 1 env OMP_NUM_THREADS=1 python tools/benchmark.py --pipeline model=db_det \
+        data.builder.image_size=[720,1280] data.builder.crop_size=640 --against paddleocr ~/PaddleOCR
 """
 from __future__ import annotations
 
@@ -68,16 +78,47 @@ def engine_loop(cfg, steps: int, warmup: int) -> float:
     return steps * cfg.model.batch_size / (t[warmup + steps + 1] - t[warmup + 1])
 
 
+def pipeline_benchmark(args, overrides: list[str]) -> dict:
+    """``--pipeline``: stage timings of the configured training pipeline (see the module doc)."""
+    from zoo.data import pipeline_bench
+
+    with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    train_set, _, _ = build_data(cfg)
+    return pipeline_bench.run(cfg, train_set, args.images, args.passes, args.against, args.workers)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per loop")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of both loops")
     ap.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
-    ap.add_argument("--against", choices=("bare", "fp32"), default="bare",
-                    help="compare the engine with a bare Paddle loop, or AMP with FP32")
+    ap.add_argument("--against", nargs="+", default=["bare"], metavar="WHAT",
+                    help="bare (a bare Paddle loop) | fp32 (AMP against FP32) | with --pipeline: "
+                         "paddleocr PATH_TO_PADDLEOCR_SOURCE")
+    ap.add_argument("--pipeline", action="store_true", help="time the input pipeline alone, per stage")
+    ap.add_argument("--images", type=int, default=200, help="--pipeline: training images per pass")
+    ap.add_argument("--passes", type=int, default=5, help="--pipeline: timed passes (alternated)")
+    ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="--pipeline: also the loader's images/s with these trainer.num_workers, e.g. 0,1,2")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=resnet18")
     args = ap.parse_args()
+    # nargs="+" also swallows the Hydra overrides written after --against paddleocr PATH
+    args.overrides = [a for a in args.against if "=" in a] + args.overrides
+    args.against = [a for a in args.against if "=" not in a]
+    if args.pipeline:
+        if args.against == ["bare"]:
+            args.against = []
+        if args.against and (args.against[0] != "paddleocr" or len(args.against) != 2):
+            ap.error("--pipeline compares only with: --against paddleocr PATH_TO_PADDLEOCR_SOURCE")
+        result = pipeline_benchmark(args, args.overrides)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
+    if len(args.against) != 1 or args.against[0] not in ("bare", "fp32"):
+        ap.error(f"--against: expected bare or fp32 (paddleocr PATH needs --pipeline), got {' '.join(args.against)}")
+    args.against = args.against[0]
     over = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress=false",
             f"trainer.max_steps={args.warmup + args.steps + 1}", "trainer.ckpt_every=1000000",
             "optim.optimizer.multi_precision=false", "trainer.eval_precision=train",

@@ -25,7 +25,7 @@ import paddle
 from .images import ImageDecodeError, decode_image
 from .transforms import ClassificationTransform
 
-__all__ = ["ClassificationData", "ClassificationDataset", "ImageDecodeError", "read_image_rgb"]
+__all__ = ["ClassificationData", "ClassificationDataset", "ImageDecodeError", "read_image_bgr", "read_image_rgb"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val")
@@ -42,6 +42,17 @@ def read_image_rgb(path: str | os.PathLike) -> np.ndarray:
     # imdecode (rather than imread) distinguishes unreadable from undecodable
     # and copes with any path encoding.
     return cv2.cvtColor(decode_image(data, path), cv2.COLOR_BGR2RGB)
+
+
+def read_image_bgr(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as OpenCV decodes it, HWC uint8 BGR (no colour conversion); errors as
+    :func:`read_image_rgb`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image file not found: {path}") from None
+    return decode_image(data, path)
 
 
 def parse_list_file(list_path: Path, num_classes: int | None = None) -> tuple[list[str], np.ndarray]:

@@ -158,11 +158,12 @@ def make_border_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
         x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, w - 1), min(y1, h - 1)
         if x0 > x1 or y0 > y1:
             continue
-        dist = _edge_distance(poly - (x0, y0), x1 - x0 + 1, y1 - y0 + 1)
-        dist *= np.float32(1 / distance)
-        value = (1 - np.minimum(dist, 1, out=dist)) * span + lo
+        # value = lo + span * (1 - min(dist / D, 1)) = max(lo + span - dist * span / D, lo), in place
+        value = _edge_distance(poly - (x0, y0), x1 - x0 + 1, y1 - y0 + 1)
+        value *= np.float32(-span / distance)
+        value += lo + span
         region = canvas[y0:y1 + 1, x0:x1 + 1]
-        np.maximum(region, value, out=region)
+        np.maximum(region, value, out=region)  # the canvas starts at lo, so values below it never win
     return canvas, mask
 
 

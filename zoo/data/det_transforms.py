@@ -20,9 +20,17 @@ Deliberate differences from upstream, all about correctness:
   clips text extents to the image before marking them (upstream's slices wrap
   around for negative coordinates after rotation);
 * ``rng.choice`` replaces ``int(np.random.choice(..., size=1))``, which raises
-  on numpy >= 2.4.
+  on numpy >= 2.4;
+* by default (``geometry="one_warp"``, :func:`augment_and_crop`) flip, rotation,
+  resize and the crop are one ``cv2.warpAffine`` into the crop: the same draws,
+  crop and polygons (bit-identical), the image sampled once instead of three
+  times (a little sharper; ``geometry="sequential"`` keeps upstream's order);
+* ``DetTrainTransform.decode_and_apply`` plans that geometry from a JPEG's header
+  and decodes it reduced (1/2, 1/4, 1/8) when the map shrinks that much.
 
-Images are HWC uint8 RGB; polygons ``[K,4,2]`` float (x, y) pixels.
+The geometry functions live in :mod:`zoo.data.det_geometry` (re-exported here).
+Images are HWC uint8 in the dataset's channel order (BGR by default, as PaddleOCR's
+``DecodeImage``; no transform depends on it); polygons ``[K,4,2]`` float (x, y) pixels.
 """
 
 from __future__ import annotations
@@ -32,128 +40,54 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from .det_geometry import (augment_and_crop, crop_area, east_random_crop, iaa_augment, map_scale,
+                           plan_augment_and_crop, warp_crop)
 from .det_labels import make_border_map, make_shrink_map
-from .transforms import normalize_chw
+from .transforms import chw_uint8, normalize_chw
 
-__all__ = ["DetEvalTransform", "DetTrainTransform", "crop_area", "east_random_crop", "iaa_augment"]
+__all__ = ["DetEvalTransform", "DetTrainTransform", "augment_and_crop", "crop_area", "east_random_crop",
+           "iaa_augment"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+NORMALIZE_ON = ("host", "device")
+GEOMETRIES = ("one_warp", "sequential")  # see augment_and_crop
+REDUCED_FLAGS = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                 8: cv2.IMREAD_REDUCED_COLOR_8}
+REDUCE_TOLERANCE = 0.02  # a reduced decode may be enlarged by up to 2 % by the warp
 
 
-def iaa_augment(img: np.ndarray, polys: np.ndarray, rng: np.random.Generator, flip_p: float = 0.5,
-                rotate: Sequence[float] = (-10, 10), scale: Sequence[float] = (0.5, 3.0)):
-    """Random horizontal flip, rotation about the centre (same canvas size,
-    black fill, as imgaug/albumentations ``Affine``) and isotropic resize.
-
-    All three draws are made every time, so the stream layout does not depend
-    on the outcome.  Returns the new image and polygons.
-    """
-    flip = rng.random() < flip_p
-    angle = rng.uniform(rotate[0], rotate[1])
-    factor = rng.uniform(scale[0], scale[1])
-    polys = np.array(polys, dtype=np.float64).reshape(-1, 4, 2)
-    h, w = img.shape[:2]
-    if flip:
-        img = cv2.flip(img, 1)
-        polys[..., 0] = (w - 1) - polys[..., 0]
-    if angle != 0:
-        m = cv2.getRotationMatrix2D(((w - 1) / 2, (h - 1) / 2), angle, 1.0)
-        img = cv2.warpAffine(img, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
-                             borderValue=0)
-        polys = polys @ m[:, :2].T + m[:, 2]
-    new_w, new_h = max(1, int(w * factor)), max(1, int(h * factor))
-    img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    polys = (polys + 0.5) * (new_w / w, new_h / h) - 0.5
-    return img, polys
+def _check_normalize_on(value: str) -> str:
+    if value not in NORMALIZE_ON:
+        raise ValueError(f"data.builder.normalize_on: expected host or device, got {value!r}")
+    return value
 
 
-def _free_runs(covered: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Indices where ``covered`` is 0 and their maximal consecutive runs."""
-    free = np.flatnonzero(covered == 0)
-    if len(free) == 0:
-        return free, []
-    breaks = np.flatnonzero(np.diff(free) != 1) + 1
-    return free, np.split(free, breaks)
+def _no_clock(stage: str) -> None:
+    pass
 
 
-def _select(free: np.ndarray, runs: list[np.ndarray], size: int, rng: np.random.Generator):
-    """Two crop edges: from two random runs if there are several (so text between
-    runs can be kept whole), else two random free positions."""
-    if len(runs) > 1:
-        picks = [int(rng.choice(runs[int(i)])) for i in rng.integers(0, len(runs), size=2)]
-    else:
-        picks = [int(v) for v in rng.choice(free, size=2)]
-    lo, hi = min(picks), max(picks)
-    return min(max(lo, 0), size - 1), min(max(hi, 0), size - 1)
-
-
-def _outside(poly: np.ndarray, x: float, y: float, w: float, h: float) -> bool:
-    """Whether ``poly``'s bounding box misses the rectangle (upstream's test)."""
-    return bool(poly[:, 0].max() < x or poly[:, 0].min() > x + w
-                or poly[:, 1].max() < y or poly[:, 1].min() > y + h)
-
-
-def crop_area(h: int, w: int, care_polys, rng: np.random.Generator, min_crop_side_ratio: float = 0.1,
-              max_tries: int = 50) -> tuple[int, int, int, int]:
-    """Choose ``(x, y, crop_w, crop_h)``, as upstream's ``crop_area``.
-
-    Crop edges are picked in rows/columns that no care text spans, so no text is
-    cut; a crop must have sides >= ``min_crop_side_ratio`` of the image and touch
-    at least one text box.  Falls back to the whole image after ``max_tries``
-    (and always when there is no care text).
-    """
-    h_cov, w_cov = np.zeros(h, np.int8), np.zeros(w, np.int8)
-    for poly in care_polys:
-        pts = np.round(poly).astype(np.int64)
-        x0, x1 = np.clip([pts[:, 0].min(), pts[:, 0].max()], 0, w)
-        y0, y1 = np.clip([pts[:, 1].min(), pts[:, 1].max()], 0, h)
-        w_cov[x0:x1] = 1
-        h_cov[y0:y1] = 1
-    w_free, w_runs = _free_runs(w_cov)
-    h_free, h_runs = _free_runs(h_cov)
-    if len(w_free) == 0 or len(h_free) == 0:
-        return 0, 0, w, h
-    for _ in range(max_tries):
-        xmin, xmax = _select(w_free, w_runs, w, rng)
-        ymin, ymax = _select(h_free, h_runs, h, rng)
-        if xmax - xmin < min_crop_side_ratio * w or ymax - ymin < min_crop_side_ratio * h:
-            continue
-        if any(not _outside(p, xmin, ymin, xmax - xmin, ymax - ymin) for p in care_polys):
-            return xmin, ymin, xmax - xmin, ymax - ymin
-    return 0, 0, w, h
-
-
-def east_random_crop(img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
-                     size: int = 640, max_tries: int = 50, min_crop_side_ratio: float = 0.1):
-    """``EastRandomCropData`` with ``keep_ratio`` True: crop (see :func:`crop_area`),
-    scale to fit ``size`` x ``size`` keeping the aspect ratio, pad bottom/right
-    with zeros.  Polygons whose box misses the scaled crop are dropped, the rest
-    kept unclipped with their ignore flags.
-    """
-    polys = np.asarray(polys, dtype=np.float64).reshape(-1, 4, 2)
-    ignore = np.asarray(ignore, dtype=bool).reshape(-1)
-    care = [p for p, ign in zip(polys, ignore) if not ign]
-    x, y, cw, ch = crop_area(img.shape[0], img.shape[1], care, rng, min_crop_side_ratio, max_tries)
-    scale = min(size / cw, size / ch)
-    w, h = max(1, int(cw * scale)), max(1, int(ch * scale))
-    out = np.zeros((size, size) + img.shape[2:], img.dtype)
-    out[:h, :w] = cv2.resize(img[y:y + ch, x:x + cw], (w, h), interpolation=cv2.INTER_LINEAR)
-    polys = (polys - (x, y) + 0.5) * (w / cw, h / ch) - 0.5
-    keep = np.array([not _outside(p, 0, 0, w, h) for p in polys], dtype=bool)
-    return out, polys[keep].reshape(-1, 4, 2), ignore[keep]
+def _finish(img: np.ndarray, t) -> np.ndarray:
+    """CHW float32 normalised on the host, or CHW uint8 left for the device (``t``: a transform)."""
+    return normalize_chw(img, t.mean, t.std) if t.normalize_on == "host" else chw_uint8(img)
 
 
 class DetTrainTransform:
     """Train pipeline ``(img, polys, ignore, rng) -> item dict``.
 
-    Item: ``image`` float32 [3,S,S] normalised RGB, and float32 [S,S]
+    Item: ``image`` float32 [3,S,S] normalised (uint8 with ``normalize_on="device"``), and float32 [S,S]
     ``shrink_map``, ``shrink_mask``, ``threshold_map``, ``threshold_mask``.
     """
 
     def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
                  max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
                  min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
-                 mean=MEAN, std=STD):
+                 mean=MEAN, std=STD, normalize_on: str = "host", geometry: str = "one_warp",
+                 reduced_decode: bool = True):
+        self.normalize_on = _check_normalize_on(normalize_on)
+        self.reduced_decode = bool(reduced_decode)
+        if geometry not in GEOMETRIES:
+            raise ValueError(f"data.builder.geometry: expected one of {GEOMETRIES}, got {geometry!r}")
+        self.geometry = geometry
         if crop_size < 8:
             raise ValueError(f"crop_size must be >= 8, got {crop_size}")
         if not (0 <= flip_p <= 1 and rotate[0] <= rotate[1] and 0 < scale[0] <= scale[1]):
@@ -168,15 +102,75 @@ class DetTrainTransform:
         self.thresh_min, self.thresh_max = float(thresh_min), float(thresh_max)
         self.mean, self.std = tuple(mean), tuple(std)
 
-    def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator) -> dict:
-        img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
-        img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
-                                              self.min_crop_side_ratio)
+    def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                 clock=None) -> dict:
+        """``clock(stage)``, if given, is called after each stage (tools/benchmark.py --pipeline)."""
+        clock = clock or _no_clock
+        if self.geometry == "one_warp":
+            img, polys, ignore = augment_and_crop(img, polys, ignore, rng, self.crop_size, self.flip_p, self.rotate,
+                                                  self.scale, self.max_tries, self.min_crop_side_ratio, clock)
+        else:  # the three full-size interpolations of upstream's order
+            img, polys = iaa_augment(img, polys, rng, self.flip_p, self.rotate, self.scale)
+            clock("augment")
+            img, polys, ignore = east_random_crop(img, polys, ignore, rng, self.crop_size, self.max_tries,
+                                                  self.min_crop_side_ratio)
+            clock("crop")
+        return self._targets(img, polys, ignore, clock)
+
+    def decode_and_apply(self, data: bytes, path, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
+                         bgr: bool = True, clip=None, clock=None) -> dict:
+        """The item of the encoded image ``data`` (the bytes of ``path``): the same draws and labels as
+        decoding it and calling the transform.
+
+        With ``geometry=one_warp`` and ``reduced_decode`` a JPEG's geometry is planned from its
+        header first; when the whole map shrinks by 2, 4 or 8 (within 2 %) the JPEG is decoded
+        at that reduction (``cv2.IMREAD_REDUCED_COLOR_*``, a 2x2 (4x4, 8x8) low-pass much like the
+        bilinear sample at that scale) and the warp starts from the reduced image. ``clip(polys,
+        ignore, h, w)`` clips the polygons to the image first.
+        """
+        from .images import decode_image, image_size
+
+        clock = clock or _no_clock
+        clip = clip or (lambda p, g, h, w: (p, g))
+        if not (self.geometry == "one_warp" and self.reduced_decode and data[:2] == b"\xff\xd8"):
+            img = decode_image(data, path)
+            img = img if bgr else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+            polys, ignore = clip(polys, ignore, *img.shape[:2])
+            clock("read_decode")
+            return self(img, polys, ignore, rng, clock)
+        h, w = image_size(path, data)
+        polys, ignore = clip(polys, ignore, h, w)
+        m, fw, fh, polys, ignore = plan_augment_and_crop(h, w, polys, ignore, rng, self.crop_size, self.flip_p,
+                                                         self.rotate, self.scale, self.max_tries,
+                                                         self.min_crop_side_ratio)
+        clock("augment")
+        stretch = map_scale(m)
+        k = next((k for k in (8, 4, 2) if stretch * k <= 1 + REDUCE_TOLERANCE), 1)
+        img = decode_image(data, path, REDUCED_FLAGS[k])
+        if k > 1 and img.shape[:2] != (-(-h // k), -(-w // k)):  # not what the header promised
+            img, k = decode_image(data, path), 1
+        if img.shape[:2] != (h, w) and k == 1:
+            raise ValueError(f"image file {path} decodes to {img.shape[1]}x{img.shape[0]} (w x h) but its header "
+                             f"says {w}x{h}")
+        if k > 1:  # reduced pixel centres -> full-size pixel coordinates, then the planned map
+            rx, ry = w / img.shape[1], h / img.shape[0]
+            m = m @ np.array([[rx, 0, 0.5 * rx - 0.5], [0, ry, 0.5 * ry - 0.5], [0, 0, 1]])
+        img = img if bgr else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        clock("read_decode")
+        img = warp_crop(img, m, fw, fh, self.crop_size)
+        clock("crop")
+        return self._targets(img, polys, ignore, clock)
+
+    def _targets(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, clock) -> dict:
         s = self.crop_size
         # Same order as det_mv3_db.yml: the border map sees the unclipped polygons.
         thr, thr_mask = make_border_map(polys, ignore, s, s, self.shrink_ratio, self.thresh_min, self.thresh_max)
+        clock("border_map")
         gt, gt_mask = make_shrink_map(polys, ignore, s, s, self.shrink_ratio, self.min_text_size)
-        return {"image": normalize_chw(img, self.mean, self.std), "shrink_map": gt, "shrink_mask": gt_mask,
+        clock("shrink_map")
+        image = _finish(img, self)
+        clock("normalize")
+        return {"image": image, "shrink_map": gt, "shrink_mask": gt_mask,
                 "threshold_map": thr, "threshold_mask": thr_mask}
 
     def __repr__(self) -> str:
@@ -193,7 +187,8 @@ class DetEvalTransform:
     ratios then refer to the padded size, so polygons still map correctly).
     """
 
-    def __init__(self, eval_size: Sequence[int] = (736, 1280), mean=MEAN, std=STD):
+    def __init__(self, eval_size: Sequence[int] = (736, 1280), mean=MEAN, std=STD, normalize_on: str = "host"):
+        self.normalize_on = _check_normalize_on(normalize_on)
         if len(eval_size) != 2 or min(eval_size) < 1:
             raise ValueError(f"eval_size must be (height, width), got {eval_size}")
         self.eval_size = (int(eval_size[0]), int(eval_size[1]))
@@ -209,7 +204,7 @@ class DetEvalTransform:
         ratio_h, ratio_w = out_h / img.shape[0], out_w / img.shape[1]
         img = cv2.resize(img, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
         shape = np.array([src_h, src_w, ratio_h, ratio_w], dtype=np.float32)
-        return {"image": normalize_chw(img, self.mean, self.std), "shape": shape}
+        return {"image": _finish(img, self), "shape": shape}
 
     def __repr__(self) -> str:
         return f"DetEvalTransform(eval_size={self.eval_size})"

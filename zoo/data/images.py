@@ -37,26 +37,31 @@ def truncation_problem(head: bytes, tail: bytes) -> str | None:
     return None
 
 
-def decode_image(data: bytes, path: str | os.PathLike) -> np.ndarray:
-    """Decode ``data`` (the bytes of ``path``) to an HWC uint8 BGR array; refuses truncated files."""
+def decode_image(data: bytes, path: str | os.PathLike, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
+    """Decode ``data`` (the bytes of ``path``) to an HWC uint8 BGR array; refuses truncated files.
+
+    ``flags`` may ask for a reduced decode (``cv2.IMREAD_REDUCED_COLOR_2/4/8``)."""
     problem = truncation_problem(data[:8], data[-_TAIL:]) if data else "file is empty"
     if problem:
         raise ImageDecodeError(f"cannot decode image file {path}: {problem}")
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     if img is None:
         raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
     return img
 
 
-def image_size(path: str | os.PathLike) -> tuple[int, int]:
-    """(height, width) of the image as :func:`decode_image` returns it, read from the header only.
+def image_size(path: str | os.PathLike, data: bytes | None = None) -> tuple[int, int]:
+    """(height, width) of the image as :func:`decode_image` returns it, read from the header only
+    (of ``data``, the file's bytes, when given).
 
     OpenCV applies the EXIF orientation, so an orientation that transposes swaps the two.
     """
+    import io
+
     from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with Image.open(io.BytesIO(data) if data is not None else path) as im:
             w, h = im.size
             orientation = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
     except Exception as e:  # PIL raises many types for unreadable headers

@@ -87,11 +87,28 @@ class _GuardedCollate:
         return {_ERROR_KEY: np.frombuffer(failed.message.encode("utf-8", "replace"), np.uint8).copy()}
 
 
-class GuardedLoader:
-    """Iterates a DataLoader built on guarded dataset/collate; raises :class:`SampleLoadError`."""
+def normalize_batch_image(image, mean, std):
+    """``(image / 255 - mean) / std`` of a uint8 ``[B,C,H,W]`` tensor, on the tensor's device."""
+    import paddle
 
-    def __init__(self, loader):
+    c = image.shape[1]
+    std64 = np.asarray(std, np.float64)
+    scale = paddle.to_tensor((1.0 / (255.0 * std64)).astype(np.float32).reshape(1, c, 1, 1), place=image.place)
+    shift = paddle.to_tensor((np.asarray(mean, np.float64) / std64).astype(np.float32).reshape(1, c, 1, 1),
+                             place=image.place)
+    return image.astype("float32") * scale - shift
+
+
+class GuardedLoader:
+    """Iterates a DataLoader built on guarded dataset/collate; raises :class:`SampleLoadError`.
+
+    ``normalize`` = ``(mean, std)``: batches' uint8 ``image`` is normalised after it arrives
+    (``data.builder.normalize_on=device``).
+    """
+
+    def __init__(self, loader, normalize=None):
         self.loader = loader
+        self.normalize = normalize
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -101,6 +118,8 @@ class GuardedLoader:
             if isinstance(batch, dict) and _ERROR_KEY in batch:
                 message = bytes(np.asarray(batch[_ERROR_KEY].numpy())).decode("utf-8", "replace")
                 raise SampleLoadError(f"data loading failed: {message}")
+            if self.normalize is not None and isinstance(batch, dict) and "image" in batch:
+                batch["image"] = normalize_batch_image(batch["image"], *self.normalize)
             yield batch
 
 
@@ -130,6 +149,7 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
     ``collate_fn`` attribute batches its own items (e.g. multi-scale resizing).
     Works with the infinite :class:`~zoo.data.sampler.TrainBatchSampler` for any ``num_workers``.
     A sample that fails to load raises :class:`SampleLoadError` naming it (never a hang).
+    A dataset whose ``device_normalize`` is ``(mean, std)`` ships uint8 images, normalised here.
     """
     import paddle  # local import: the samplers themselves do not need paddle
     from paddle.io.dataloader.collate import default_collate_fn
@@ -145,4 +165,4 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
         return_list=True,
         collate_fn=_GuardedCollate(collate),
         worker_init_fn=_die_with_parent if int(num_workers) > 0 else None,
-    ))
+    ), normalize=getattr(dataset, "device_normalize", None))

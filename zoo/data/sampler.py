@@ -37,7 +37,9 @@ class TrainBatchSampler:
     multiple of ``world_size`` and rank ``r`` takes ``perm[r::world_size]``, so
     every rank runs the same number of steps.  ``batch_size`` is per rank.
     ``start_step`` skips that many batches by computing the epoch and offset
-    directly (nothing is generated and discarded).
+    directly (nothing is generated and discarded).  ``stop_step`` (e.g. the
+    run's ``max_steps``) ends the iteration after that many batches in all, so a
+    prefetching loader does not prepare batches that no step will use.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class TrainBatchSampler:
         world_size: int = 1,
         drop_last: bool = True,
         start_step: int = 0,
+        stop_step: int | None = None,
     ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -66,6 +69,9 @@ class TrainBatchSampler:
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
         self.start_step = int(start_step)
+        if stop_step is not None and stop_step < 0:
+            raise ValueError(f"stop_step must be >= 0 or None, got {stop_step}")
+        self.stop_step = None if stop_step is None else int(stop_step)
         # Samples per rank per epoch after wrap-padding to a multiple of world_size.
         self.samples_per_rank = math.ceil(self.num_samples / self.world_size)
         if self.drop_last:
@@ -103,9 +109,14 @@ class TrainBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         epoch, offset = divmod(self.start_step, self._steps_per_epoch)
         n, bs = self.num_samples, self.batch_size
-        while True:
+        left = None if self.stop_step is None else max(self.stop_step - self.start_step, 0)
+        while left is None or left > 0:
             keys = self.epoch_indices(epoch).astype(np.int64) + epoch * n
             for step in range(offset, self._steps_per_epoch):
+                if left is not None:
+                    if left == 0:
+                        return
+                    left -= 1
                 yield keys[step * bs : (step + 1) * bs].tolist()
             epoch, offset = epoch + 1, 0
 

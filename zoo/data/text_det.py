@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from .classification import read_image_rgb
+from .classification import read_image_bgr, read_image_rgb
 from .images import ImageDecodeError, image_size, verify_image_file
 from .det_transforms import DetEvalTransform, DetTrainTransform
 
@@ -86,11 +86,16 @@ def parse_det_label_line(line: str, where: str) -> tuple[str, np.ndarray, np.nda
     return (path.strip(), np.asarray(polys, np.float32).reshape(-1, 4, 2), np.asarray(ignore, bool))
 
 
-def _verify_image(path: Path, where: str) -> None:
-    # A reduced decode reads the whole file but builds a 1/8 image: cheap. It does not catch a
-    # truncated JPEG (OpenCV only warns), so the file's end marker is checked as well.
+VERIFY_MODES = (True, False, "decode")
+
+
+def _verify_image(path: Path, where: str, decode: bool = False) -> None:
+    # Existence and the JPEG/PNG end marker (a truncated JPEG decodes with only a warning) cost
+    # ~0.06 ms per image; ``decode`` adds a reduced (1/8) decode, ~2 ms per 1280x720 JPEG, which
+    # also finds damage inside a complete file. Without it such a file stops the run when first
+    # loaded, naming its label line (zoo/data/loader.py), instead of being skipped at start.
     try:
-        verify_image_file(path, decode=True)
+        verify_image_file(path, decode=decode)
     except (OSError, ImageDecodeError) as e:
         raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
 
@@ -122,7 +127,10 @@ def _check_geometry(sample, image: Path, where: str, stats: dict):
     if not len(polys):
         stats["empty_label_lists"] = stats.get("empty_label_lists", 0) + 1
         return sample
-    h, w = image_size(image)
+    try:
+        h, w = image_size(image)
+    except ImageDecodeError as e:  # as _verify_image words it, with the label line
+        raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
     polys, ignore, clipped = clip_polys_to_image(polys, ignore, h, w)
     if clipped:
         stats["clipped_polygons"] = stats.get("clipped_polygons", 0) + clipped
@@ -133,7 +141,8 @@ def _check_geometry(sample, image: Path, where: str, stats: dict):
 
 
 def load_det_labels(path, bad_samples: str = "fail", image_root=None,
-                    line_numbers: list | None = None, stats: dict | None = None) -> tuple[list, list[str]]:
+                    line_numbers: list | None = None, stats: dict | None = None,
+                    decode: bool = False) -> tuple[list, list[str]]:
     """Read a label file under a bad-sample policy, optionally checking every image decodes.
 
     ``bad_samples="fail"`` raises at the first bad line or image (before training starts);
@@ -143,6 +152,7 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None,
     polygons reaching outside their image are clipped to it (:func:`clip_polys_to_image`);
     ``stats`` counts them (``clipped_polygons``, ``clipped_at``) and images with an empty label
     list ``[]`` (``empty_label_lists``: allowed, PaddleOCR's format has text-free images).
+    Images are checked for existence and completeness (end marker); ``decode`` also decodes them.
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -156,7 +166,7 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None,
             try:
                 sample = parse_det_label_line(line, where)
                 if image_root is not None:
-                    _verify_image(Path(image_root) / sample[0], where)
+                    _verify_image(Path(image_root) / sample[0], where, decode)
                     sample = _check_geometry(sample, Path(image_root) / sample[0], where,
                                              stats if stats is not None else {})
             except (ValueError, OSError) as e:
@@ -231,7 +241,12 @@ class TextDetDataset(paddle.io.Dataset):
         if self.train:
             self.transform = DetTrainTransform(crop_size, **aug)
         else:  # only the normalisation settings apply to eval
-            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std") if k in aug})
+            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std", "normalize_on")
+                                                             if k in aug})
+        # data.builder.normalize_on=device: items carry uint8 images; the loader normalises each
+        # batch where it lands (zoo/data/loader.py), a quarter of the bytes through the queues.
+        t = self.transform
+        self.device_normalize = (t.mean, t.std) if t.normalize_on == "device" else None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -245,23 +260,41 @@ class TextDetDataset(paddle.io.Dataset):
         a, b = self.offsets[index], self.offsets[index + 1]
         return self.polys[a:b].copy(), self.ignore[a:b].copy()
 
+    def _where(self, index: int) -> str:
+        return f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
+            else f"{self.label_file} (sample {index})"
+
+    def train_item(self, index: int, epoch: int, clock=None) -> dict:
+        """The train item of image ``index`` in ``epoch`` (``clock``: tools/benchmark.py --pipeline)."""
+        path = self.path(index)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self._where(index)}: image file not found: {path}") from None
+        polys, ignore = self.annotations(index)
+        clip = lambda p, g, h, w: clip_polys_to_image(p, g, h, w)[:2]  # noqa: E731  (same rule unverified)
+        try:
+            return self.transform.decode_and_apply(data, path, polys, ignore,
+                                                   np.random.default_rng((self.seed, epoch, index)),
+                                                   self.bgr, clip, clock)
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{self._where(index)}: {e}") from None
+
     def __getitem__(self, key):
         key, n = int(key), len(self.paths)
         if n == 0 or key < 0:
             raise IndexError(f"{self.label_file}: invalid key {key} for {n} samples")
         epoch, index = divmod(key, n)
+        if self.train:
+            return self.train_item(index, epoch)
         try:
-            img = read_image_rgb(self.path(index))
+            # Decoded once in the order the model wants: OpenCV's own BGR needs no conversion.
+            img = (read_image_bgr if self.bgr else read_image_rgb)(self.path(index))
         except (OSError, ValueError) as e:
-            where = f"{self.label_file}:{self.lines[index]}" if self.lines is not None \
-                else f"{self.label_file} (sample {index})"
-            raise type(e)(f"{where}: {e}") from None
-        if self.bgr:
-            img = np.ascontiguousarray(img[..., ::-1])
+            raise type(e)(f"{self._where(index)}: {e}") from None
         polys, ignore = self.annotations(index)
         polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])  # same rule unverified
-        if self.train:
-            return self.transform(img, polys, ignore, np.random.default_rng((self.seed, epoch, index)))
         item = self.transform(img)
         k = len(polys)
         item["polys"] = np.zeros((self.max_polys, 4, 2), np.float32)
@@ -288,13 +321,15 @@ class TextDetData:
     def __init__(self, root, train_label: str = "train_icdar2015_label.txt",
                  val_label: str = "test_icdar2015_label.txt", crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
-                 channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool = True, **aug):
+                 channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool | str = True, **aug):
         self.root = Path(root).expanduser()
         self.channel_order = channel_order
         if bad_samples not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, "
                              f"got {bad_samples!r}")
-        self.bad_samples, self.verify_images = bad_samples, bool(verify_images)
+        if verify_images not in VERIFY_MODES:
+            raise ValueError(f"data.builder.verify_images: expected true, false or decode, got {verify_images!r}")
+        self.bad_samples, self.verify_images = bad_samples, verify_images
         self.skipped: dict[str, list[str]] = {}
         self.label_files = {"train": train_label, "val": val_label}
         self.crop_size, self.eval_size = int(crop_size), tuple(int(v) for v in eval_size)
@@ -336,7 +371,8 @@ class TextDetData:
             lines: list[int] = []
             stats: dict = {}
             samples, problems = load_det_labels(path, self.bad_samples,
-                                                self.root if self.verify_images else None, lines, stats)
+                                                self.root if self.verify_images else None, lines, stats,
+                                                decode=self.verify_images == "decode")
             if problems:
                 log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip; all listed "
                             "in the run folder's data_problems.txt); first: %s",

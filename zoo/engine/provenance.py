@@ -90,7 +90,7 @@ def first_batches_digest(train_set, batch_size: int, seed: int, batches: int = D
     restored afterwards, so training starts exactly as it would have without this check."""
     saved = ckpt.rng_state()
     sampler = TrainBatchSampler(len(train_set), batch_size, seed, dist.rank(), dist.world_size(),
-                                drop_last=True)
+                                drop_last=True, stop_step=batches)  # no prefetch past them
     ids, data = hashlib.sha256(), hashlib.sha256()
     keys = iter(sampler)
     for _, batch in zip(range(batches), build_loader(train_set, sampler, 0)):

@@ -204,12 +204,16 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         info["data_report"] = record_data_report(info["data_report"], out_dir)
         announce(amp.describe(info["device_info"]))
     result = trainer.fit()
-    evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
-                                      cfg.trainer.get("eval_precision", "train"),
-                                      cfg.trainer.get("bootstrap_resamples", 0))
+    primary = trainer.task.primary_metric
+    if result["metrics"]:
+        evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
+                                          cfg.trainer.get("eval_precision", "train"),
+                                          cfg.trainer.get("bootstrap_resamples", 0))
+    else:  # trainer.final_eval=false and no evaluation at the last step: nothing measured
+        evals = {"eval_precision": None,
+                 "primary_metric": {"name": primary, "value": None, "evaluated_in": None, "ci": None}}
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
     peak_mb, peak_kind = peak_memory_mb()
-    primary = trainer.task.primary_metric
     summary = {
         "status": "completed", "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "requested_precision": amp.requested, "effective_precision": amp.effective,
@@ -217,7 +221,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "batch_size_per_rank": cfg.model.batch_size,
         "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": info["lr"],
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
-        "primary_metric": {"name": primary, "value": result["metrics"][primary]},
+        "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
         "metrics": result["metrics"], "best": result["best"],
         "images_per_s": result["images_per_s"], "train_time_s": result["train_time_s"],
         "wall_time_s": time.time() - t0, "skipped_steps": amp.skipped_steps,
@@ -238,8 +242,9 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         copy_launch_logs(out_dir)
         write_json(out_dir / "summary.json", summary)
         folder = f"; run folder {out_dir}" if announce_folder else ""
-        announce(f"{primary} {summary['primary_metric']['value']:.4f} after {trainer.step} steps "
-                 f"({summary['effective_precision']}){folder}")
+        value = summary["primary_metric"]["value"]
+        shown = f"{primary} {value:.4f}" if value is not None else "not evaluated (trainer.final_eval=false)"
+        announce(f"{shown} after {trainer.step} steps ({summary['effective_precision']}){folder}")
     if not summary["ranks_in_sync"]:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
     return summary

@@ -48,6 +48,7 @@ class TrainerSettings:
     progress: bool = True
     num_workers: int = 0
     draw_samples: int = 0
+    final_eval: bool = True
 
     def __post_init__(self):
         def integer(key: str, minimum: int, what: str) -> None:
@@ -60,6 +61,8 @@ class TrainerSettings:
         integer("eval_every", 0, "an integer >= 0 (0 = only at the end)")
         integer("num_workers", 0, "an integer >= 0 (0 = load in the main process)")
         integer("draw_samples", 0, "an integer >= 0")
+        if not isinstance(self.final_eval, bool):
+            raise ValueError(f"trainer.final_eval: expected true or false, got {self.final_eval!r}")
         e = self.epochs
         if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float)) or e <= 0):
             raise ValueError(f"trainer.epochs: expected a positive number or null, got {e!r}")
@@ -140,14 +143,16 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train (resuming if asked), evaluate at the end, write the final checkpoint.
+        """Train (resuming if asked), evaluate at the end (unless ``final_eval`` is off), write the
+        final checkpoint.
 
         SIGINT/SIGTERM stop at the end of the current step with a checkpoint and raise
         :class:`TrainingInterrupted` (see :mod:`zoo.engine.signals`).
         """
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
-                                    dist.world_size(), drop_last=True, start_step=self.step)
+                                    dist.world_size(), drop_last=True, start_step=self.step,
+                                    stop_step=self.s.max_steps)
         self.steps_per_epoch = sampler.steps_per_epoch
         loader = build_loader(self.train_set, sampler, self.s.num_workers)
         bar = tqdm(total=self.s.max_steps, initial=self.step, disable=not (self.main and self.s.progress),
@@ -171,7 +176,10 @@ class Trainer:
                 raise
             finally:
                 bar.close()
-        final = self.evaluate() if self.last_eval.get("step") != self.step else self.last_eval["metrics"]
+        if self.last_eval.get("step") == self.step:
+            final = self.last_eval["metrics"]
+        else:  # trainer.final_eval=false: no metrics (timing runs, benchmarks)
+            final = self.evaluate() if self.s.final_eval else {}
         self.save_checkpoint()
         if self.s.draw_samples > 0 and self.main:
             model = dist.unwrap(self.model)

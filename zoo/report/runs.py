@@ -97,6 +97,9 @@ def _load_summary(path: Path) -> dict:
         value = float(pm["value"])
     except (TypeError, ValueError):
         value = math.nan
+    if pm["value"] is None and summary.get("eval_precision", "") is None:
+        raise ReportInputError(f"{path}: run was not evaluated (trainer.final_eval=false); it cannot "
+                               "enter a parity report")
     if not math.isfinite(value):
         raise ReportInputError(f"{path}: summary.json key 'primary_metric' has no finite value")
     return summary
