@@ -53,3 +53,23 @@ def test_config_digest_ignores_amp_seed_and_recipe_keys_only(tiny_cfg):
     assert config_digest(tiny_cfg("amp=O2", "seed=3", "model.batch_size=8")) == base
     assert config_digest(tiny_cfg("optim.lr=0.3")) != base
     assert config_digest(tiny_cfg("trainer.max_steps=5")) != base
+
+
+def test_git_revision_is_read_once_per_process(monkeypatch):
+    """A commit made while a sweep runs must not relabel its later jobs with code they never ran."""
+    import subprocess
+
+    from zoo.engine import runinfo
+
+    heads = iter(["aaaa\n", "", "bbbb\n", ""])
+
+    def fake_run(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 0, stdout=next(heads), stderr="")
+
+    runinfo.git_revision.cache_clear()
+    monkeypatch.setattr(runinfo.subprocess, "run", fake_run)
+    try:
+        assert runinfo.git_revision() == "aaaa"
+        assert runinfo.git_revision() == "aaaa"  # HEAD moved to bbbb meanwhile
+    finally:
+        runinfo.git_revision.cache_clear()

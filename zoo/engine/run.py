@@ -196,6 +196,7 @@ def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) ->
 
 def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
     t0 = time.time()
+    git_revision()  # fixed now, before training: the revision of the code this process runs
     trainer, info = build_trainer(cfg, out_dir)
     amp = info["amp"]
     if dist.is_main():

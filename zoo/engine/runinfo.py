@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import logging
 import os
@@ -17,8 +18,13 @@ from zoo.fileio import with_filename
 _REPO = Path(__file__).resolve().parents[2]
 
 
+@functools.lru_cache(maxsize=1)
 def git_revision() -> str:
-    """Commit of the zoo's source tree, with ``-dirty`` when it has local changes; ``unknown`` outside git."""
+    """Commit of the zoo's source tree, with ``-dirty`` when it has local changes; ``unknown`` outside git.
+
+    Read once per process, at the first call (a run calls it before training): the code a process
+    runs is the code it imported, so a commit made while a run or a ``-m`` sweep is going must not
+    relabel it with the later revision."""
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
