@@ -137,9 +137,12 @@ def test_every_data_config_instantiates(data, imagenet_root, icdar_root, coco_ro
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes_and_instantiates(experiment, imagenet_root, icdar_root, coco_root):
-    root = {"db": icdar_root, "ppyoloe": coco_root}.get(experiment.split("_")[0], imagenet_root)
-    extra = ["data.num_classes=2"] if experiment.startswith("ppyoloe") else []
-    cfg = compose([f"experiment={experiment}", f"data.root={root}", *extra])
+    if experiment.startswith("parity_"):  # the embedded synthetic sets, kept small here
+        args = ["data.builder.num_train=4", "data.builder.num_val=2"]
+    else:
+        root = {"db": icdar_root, "ppyoloe": coco_root}.get(experiment.split("_")[0], imagenet_root)
+        args = [f"data.root={root}", *(["data.num_classes=2"] if experiment.startswith("ppyoloe") else [])]
+    cfg = compose([f"experiment={experiment}", *args])
     OmegaConf.resolve(cfg)
     instantiate(cfg.amp)
     instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=1000, steps_per_epoch=5)
@@ -237,3 +240,40 @@ def test_typos_fail_naming_the_key_or_choice():
         compose(["amp=O3"])
     with pytest.raises(MissingConfigException, match="model/resnet9000"):
         compose(["model=resnet9000"])
+
+
+def _flat(cfg, prefix=""):
+    out = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        out.update(_flat(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+@pytest.mark.parametrize("model,expected", [
+    ("db_det", {"data.builder.num_val": (100, 500), "trainer.draw_samples": (8, 0),
+                "sched._target_": ("zoo.engine.schedules.constant", "zoo.engine.schedules.cosine"),
+                "sched.warmup_steps": (0, 10), "sched.warmup_start_factor": (0.0, 0.1),
+                "sched.eta_min": (None, 0.0), "sched.warmup_epochs": (None, None), "sched.horizon": (None, 1.0)}),
+    ("resnet18", {"data.builder.num_val": (1000, 10000)}),
+])
+@pytest.mark.parametrize("amp", ["fp32", "O1", "O2"])
+def test_parity_experiments_change_only_what_they_say(model, expected, amp):
+    """experiment=parity_<model> is the quick run with a quieter schedule and a larger validation
+    split, nothing else: same model, recipe, steps, batch, crop, optimizer and training data."""
+    quick = _flat(OmegaConf.to_container(compose([f"model={model}", f"amp={amp}"]), resolve=True))
+    parity = _flat(OmegaConf.to_container(compose([f"experiment=parity_{model}", f"amp={amp}"]), resolve=True))
+    changed = {k: (quick.get(k), parity.get(k)) for k in quick.keys() | parity.keys()
+               if quick.get(k) != parity.get(k)}
+    assert changed == {k: v for k, v in expected.items() if v[0] != v[1]}
+
+
+def test_parity_schedules_end_at_zero_lr():
+    for model in ("db_det", "resnet18"):
+        cfg = compose([f"experiment=parity_{model}"])
+        sched = instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=cfg.trainer.max_steps, steps_per_epoch=10)
+        lrs = []
+        for _ in range(cfg.trainer.max_steps):
+            lrs.append(sched.get_lr() if hasattr(sched, "get_lr") else sched())
+            sched.step()
+        assert max(lrs) == pytest.approx(cfg.optim.lr, rel=0.05) and lrs[-1] < 1e-3 * cfg.optim.lr
