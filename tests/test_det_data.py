@@ -7,10 +7,9 @@ import os
 
 import cv2
 import numpy as np
-import pyclipper
 import pytest
 
-from zoo.data.det_labels import make_border_map, make_shrink_map
+from zoo.data.det_labels import make_shrink_map
 from zoo.data.det_transforms import (
     DetTrainTransform,
     crop_area,
@@ -72,39 +71,6 @@ def test_read_label_file_errors(tmp_path, line, what):
 # ---------------------------------------------------------------- label maps
 
 
-def _ref_border_map(polys, ignore, h, w, r=0.4, tmin=0.3, tmax=0.7):
-    """Per-pixel loop reference of PaddleOCR's MakeBorderMap: nearest-endpoint
-    distance unless the pixel sees the edge under an angle >= 90 degrees, then
-    the distance to the foot of the perpendicular."""
-    canvas, mask = np.zeros((h, w)), np.zeros((h, w), np.float32)
-    for poly, ign in zip(polys, ignore):
-        if ign:
-            continue
-        poly = [tuple(map(float, p)) for p in poly]
-        n = len(poly)
-        area = abs(sum(poly[i][0] * poly[(i + 1) % n][1] - poly[(i + 1) % n][0] * poly[i][1] for i in range(n))) / 2
-        length = sum(math.dist(poly[i], poly[(i + 1) % n]) for i in range(n))
-        dist = area * (1 - r * r) / length
-        pco = pyclipper.PyclipperOffset()
-        pco.AddPath(poly, pyclipper.JT_ROUND, pyclipper.ET_CLOSEDPOLYGON)
-        padded = np.array(pco.Execute(dist)[0])
-        cv2.fillPoly(mask, [padded.astype(np.int32)], 1.0)
-        (x0, y0), (x1, y1) = padded.min(0), padded.max(0)
-        for y in range(max(y0, 0), min(y1, h - 1) + 1):
-            for x in range(max(x0, 0), min(x1, w - 1) + 1):
-                best = math.inf
-                for i in range(n):
-                    (ax, ay), (bx, by) = poly[i], poly[(i + 1) % n]
-                    if (ax - x) * (bx - x) + (ay - y) * (by - y) <= 0 and (ax, ay) != (bx, by):
-                        t = ((x - ax) * (bx - ax) + (y - ay) * (by - ay)) / ((bx - ax) ** 2 + (by - ay) ** 2)
-                        d = math.dist((x, y), (ax + t * (bx - ax), ay + t * (by - ay)))
-                    else:
-                        d = min(math.dist((x, y), (ax, ay)), math.dist((x, y), (bx, by)))
-                    best = min(best, d)
-                canvas[y, x] = max(canvas[y, x], 1 - min(best / dist, 1.0))
-    return canvas * (tmax - tmin) + tmin, mask
-
-
 def _random_quads(rng, n, h, w):
     quads = []
     for _ in range(n):
@@ -114,20 +80,6 @@ def _random_quads(rng, n, h, w):
         box = np.array([[-bw, -bh], [bw, -bh], [bw, bh], [-bw, bh]]) / 2 + rng.normal(0, 1.0, (4, 2))
         quads.append(box @ rot.T + rng.uniform((0, 0), (w, h)))  # some stick out of the image
     return np.array(quads, np.float32)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_border_map_matches_slow_reference(seed):
-    rng = np.random.default_rng(seed)
-    h, w = 40, 56
-    polys = _random_quads(rng, 3, h, w)
-    ignore = np.array([False, seed == 1, False])
-    thr, mask = make_border_map(polys, ignore, h, w)
-    ref_thr, ref_mask = _ref_border_map(polys, ignore, h, w)
-    assert thr.dtype == np.float32 and thr.shape == (h, w)
-    assert np.abs(thr - ref_thr).max() < 1e-5
-    np.testing.assert_array_equal(mask, ref_mask)
-    assert thr.min() >= 0.3 - 1e-6 and thr.max() <= 0.7 + 1e-6
 
 
 def test_shrink_map_rectangle_and_small_text():

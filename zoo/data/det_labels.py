@@ -16,8 +16,9 @@ themselves from DBNet.pytorch):
   The threshold mask is the union of the padded polygons.
 
 The border map is where upstream spends its time (a Python loop over edges per
-polygon, ~1 ms per quad).  Here all edges of a polygon are evaluated at once with
-broadcasting over the part of its box that lies inside the image.
+polygon, ~1 ms per quad).  Here each edge is evaluated only over the pixels
+within ``D`` of it (farther ones are clipped to the floor anyway), inside the
+part of the polygon's box that lies in the image.
 
 Upstream's edge distance is kept on purpose, although it is not exactly the
 point-to-segment distance: for a pixel seeing the edge under an obtuse angle
@@ -90,36 +91,85 @@ def make_shrink_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
     return gt, mask
 
 
-def _edge_distance(poly: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Upstream's pixel-to-edge distance, min over all edges of ``poly``.
+# "Not this edge's line distance": larger than any squared distance within a box.
+_NOT_LINE = np.float32(1e30)
+_ARANGE = np.arange(4096, dtype=np.float32)
+
+
+def _pixel_coords(n: int) -> np.ndarray:
+    return _ARANGE[:n] if n <= len(_ARANGE) else np.arange(n, dtype=np.float32)
+
+
+def _edge_distance2(poly: np.ndarray, width: int, height: int, distance: float) -> np.ndarray:
+    """Upstream's squared pixel-to-edge distance, min over all edges of ``poly``,
+    only where it is below ``distance**2``: elsewhere it is ``>= distance**2``
+    (often ``inf``), which the border map clips to its floor anyway.
 
     ``poly`` is in coordinates relative to the box's top-left pixel; returns
-    float32 ``[height, width]``.  Edges run on the leading axis and pixels on the
-    other two, so one polygon costs a fixed handful of numpy calls whatever its
-    number of edges.  Squared distances are compared and a single square root is
-    taken at the end; float32 is exact enough because the box-relative
-    coordinates are small.
+    float32 ``[height, width]``.  Upstream's distance to an edge ``ab`` is the
+    distance to its line where ``(p-a).(p-b) <= 0`` (inside the circle having the
+    edge as diameter) and ``min(|p-a|, |p-b|)`` elsewhere.  Both are at least the
+    true distance to the segment, so only pixels within ``distance`` of an edge
+    matter: around each vertex a box of radius ``distance`` gets the two endpoint
+    distances meeting there, and around each edge the box of its circle within
+    ``distance`` of the edge gets the line distance (``_NOT_LINE`` outside the
+    circle).  The boxes have a 1 px margin against rounding.  That is ~1/4 of
+    the pixels of computing every edge over the whole box.
+
+    Every value is computed with the float32 operations of the dense version
+    (box-relative coordinates, ``(x-ax)**2 + (y-ay)**2``, ``cross**2 / seg``, the
+    ``dot > 0`` test), so the result is the same to the bit.  A separable sum
+    ``g(y) + f(x)`` over a box is one rank-2 product ``[g, 1] @ [1; f]`` (one
+    rounding, as the sum): 2-3x faster than numpy's broadcast add on small boxes,
+    as cv2's min/max are than numpy's on strided sub-boxes.
     """
+    n = len(poly)
     a = poly.astype(np.float32)
-    e = np.concatenate([a[1:], a[:1]]) - a                      # edge vectors [E,2]
-    seg = (e * e).sum(axis=1)[:, None, None]             # squared lengths [E,1,1]
-    xs = np.arange(width, dtype=np.float32)[None, None, :] - a[:, 0, None, None]   # [E,1,W]
-    ys = np.arange(height, dtype=np.float32)[None, :, None] - a[:, 1, None, None]  # [E,H,1]
-    ex, ey = e[:, 0, None, None], e[:, 1, None, None]
-    d1 = xs * xs + ys * ys                               # to the edge's start
-    d2 = (xs - ex) ** 2 + (ys - ey) ** 2                 # to its end
-    # Upstream takes the endpoint distance when cos < 0 with
-    # cos = (seg - d1 - d2) / (2 sqrt(d1 d2)); seg - d1 - d2 = -2 (p-a).(p-b).
-    far = (xs * (xs - ex) + ys * (ys - ey)) > 0
-    # Otherwise the distance to the edge's line, cross^2 / seg: upstream's
-    # d1*d2*sin^2/seg without its 0/0 and sqrt(<0) cases.  A zero-length edge
-    # always has far == True (or d1 == d2 == 0), so the dummy divisor is unused.
-    cross = xs * ey - ys * ex
-    line = np.square(cross, out=cross)
-    line /= np.where(seg > 0, seg, np.float32(1))
-    near = np.minimum(d1, d2, out=d1)
-    dist2 = np.where(far, near, line).min(axis=0)
-    return np.sqrt(dist2, out=dist2)
+    e = np.concatenate([a[1:], a[:1]]) - a               # edge vectors [E,2]
+    seg = (e * e).sum(axis=1)                            # squared lengths [E]
+    k = width + height
+    z = np.empty((2, n, k), np.float32)                  # [from a | from b, edge, x - ax ... | y - ay ...]
+    np.subtract(_pixel_coords(width), a[:, :1], out=z[0, :, :width])
+    np.subtract(_pixel_coords(height), a[:, 1:], out=z[0, :, width:])
+    np.subtract(z[0], np.repeat(e, (width, height), axis=1), out=z[1])
+    # rank-2 factors [quantity, edge, (1, f) / (g, 1), x... | y...] of d1 = |p-a|^2,
+    # d2 = |p-b|^2, dot = (p-a).(p-b) and cross = (x-ax)*ey - (y-ay)*ex
+    f = np.empty((4, n, 2, k), np.float32)
+    f[:, :, 0] = 1
+    np.multiply(z[0], z[0], out=f[0, :, 1])
+    np.multiply(z[1], z[1], out=f[1, :, 1])
+    np.multiply(z[0], z[1], out=f[2, :, 1])
+    np.multiply(z[0, :, :width], e[:, 1:], out=f[3, :, 1, :width])
+    np.multiply(z[0, :, width:], -e[:, :1], out=f[3, :, 1, width:])
+    rows = f[..., :width]                                # [q, E, 2, W]: 1; f(x)
+    cols = f[:, :, ::-1, width:].transpose(0, 1, 3, 2)   # [q, E, H, 2]: g(y), 1
+    # Pixel boxes, all at once: vertex i (radius r), then edge i's circle within r of the edge.
+    r = distance + 1.0
+    pb = np.concatenate([poly[1:], poly[:1]])
+    mid, rad = (poly + pb) / 2, np.sqrt(seg.astype(np.float64))[:, None] / 2 + 1.0
+    lo = np.concatenate([poly - r, np.maximum(mid - rad, np.minimum(poly, pb) - r)])
+    hi = np.concatenate([poly + r, np.minimum(mid + rad, np.maximum(poly, pb) + r)])
+    lo = np.maximum(np.ceil(lo), 0).astype(np.int64).tolist()
+    hi = (np.minimum(np.floor(hi), (width - 1, height - 1)) + 1).astype(np.int64).tolist()
+    acc = np.full((height, width), np.inf, np.float32)
+    for i in range(n):
+        (x0, y0), (x1, y1) = lo[i], hi[i]                # vertex i: d1 of edge i, d2 of edge i-1
+        if x0 < x1 and y0 < y1:
+            d = cols[0, i, y0:y1] @ rows[0, i, :, x0:x1]
+            cv2.min(d, cols[1, i - 1, y0:y1] @ rows[1, i - 1, :, x0:x1], dst=d)
+            sub = acc[y0:y1, x0:x1]
+            cv2.min(sub, d, dst=sub)
+        (x0, y0), (x1, y1) = lo[n + i], hi[n + i]
+        if x0 >= x1 or y0 >= y1 or seg[i] == 0:         # a zero-length edge is its vertex
+            continue
+        dot, line = cols[2:, i, y0:y1] @ rows[2:, i, :, x0:x1]
+        _, outside = cv2.threshold(dot, 0, _NOT_LINE, cv2.THRESH_BINARY)
+        np.square(line, out=line)
+        line /= seg[i]
+        cv2.max(line, outside, dst=line)
+        sub = acc[y0:y1, x0:x1]
+        cv2.min(sub, line, dst=sub)
+    return acc
 
 
 def make_border_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
@@ -159,11 +209,12 @@ def make_border_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
         if x0 > x1 or y0 > y1:
             continue
         # value = lo + span * (1 - min(dist / D, 1)) = max(lo + span - dist * span / D, lo), in place
-        value = _edge_distance(poly - (x0, y0), x1 - x0 + 1, y1 - y0 + 1)
+        value = _edge_distance2(poly - (x0, y0), x1 - x0 + 1, y1 - y0 + 1, distance)
+        cv2.sqrt(value, dst=value)
         value *= np.float32(-span / distance)
         value += lo + span
         region = canvas[y0:y1 + 1, x0:x1 + 1]
-        np.maximum(region, value, out=region)  # the canvas starts at lo, so values below it never win
+        cv2.max(region, value, dst=region)  # the canvas starts at lo, so values below it never win
     return canvas, mask
 
 
