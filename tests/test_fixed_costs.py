@@ -101,3 +101,59 @@ def test_a_timing_run_can_be_continued_with_the_final_evaluation(tiny_cfg, tmp_p
     summary = run_mod.train(tiny_cfg("trainer.max_steps=6", "trainer.resume=auto"), tmp_path)
     assert summary["steps"] == 6 and 0.0 <= summary["primary_metric"]["value"] <= 1.0
     assert summary["resume_changes"] and "trainer.final_eval" in json.dumps(summary["resume_changes"])
+
+
+# A tools/train.py run with the training stubbed out, counting Hydra's compositions of the config.
+_COUNT_COMPOSITIONS = """
+import json, runpy, sys
+sys.path.insert(0, "tools")
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+import zoo.engine.run
+modes = []
+real = ConfigLoaderImpl.load_configuration
+def counted(self, *args, **kwargs):
+    modes.append(str(kwargs.get("run_mode")))
+    return real(self, *args, **kwargs)
+ConfigLoaderImpl.load_configuration = counted
+zoo.engine.run.train = lambda cfg, out: {"primary_metric": {"value": 0.0}}
+sys.argv = ["tools/train.py", *sys.argv[1:]]
+try:
+    runpy.run_path("tools/train.py", run_name="__main__")
+finally:
+    print("COMPOSITIONS " + json.dumps(modes))
+"""
+
+
+def _compositions(tmp_path, *overrides):
+    from conftest import ROOT, run_tool
+
+    script = tmp_path / "count_compositions.py"
+    script.write_text(_COUNT_COMPOSITIONS)
+    out = run_tool([str(script), *overrides], ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.split("COMPOSITIONS ")[-1])
+
+
+def test_train_composes_the_config_once_per_job(tmp_path):
+    # Hydra 1.3 alone composes twice per run (once just to read hydra.mode); tools/_entry.py skips that.
+    assert _compositions(tmp_path, "model=resnet_tiny", f"hydra.run.dir={tmp_path}/run") == ["RunMode.RUN"]
+    # A sweep: the sweep config, then per job Hydra's up-front check that every job composes (kept:
+    # a bad value in the last job fails before the first one trains) and the job's own composition.
+    swept = _compositions(tmp_path, "-m", "model=resnet_tiny", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert swept == ["RunMode.MULTIRUN"] + ["RunMode.RUN"] * 4
+    # hydra.mode on the command line still goes through Hydra's own probe (and sweeps).
+    moded = _compositions(tmp_path, "hydra.mode=MULTIRUN", "model=resnet_tiny", "seed=0,1",
+                          f"hydra.sweep.dir={tmp_path}/mode")
+    assert moded == ["RunMode.MULTIRUN"] * 2 + ["RunMode.RUN"] * 4
+
+
+def test_no_config_sets_hydra_mode():
+    """What tools/_entry.py's skipped probe relies on: the mode comes from the command line only."""
+    import yaml
+    from conftest import ROOT
+
+    files = sorted((ROOT / "configs").rglob("*.yaml"))
+    assert len(files) > 20
+    for f in files:
+        doc = yaml.safe_load(f.read_text()) or {}
+        assert "hydra.mode" not in doc and "mode" not in (doc.get("hydra") or {}), f
