@@ -128,40 +128,44 @@ def _edge_distance2(poly: np.ndarray, width: int, height: int, distance: float) 
     a = poly.astype(np.float32)
     e = np.concatenate([a[1:], a[:1]]) - a               # edge vectors [E,2]
     seg = (e * e).sum(axis=1)                            # squared lengths [E]
-    k = width + height
-    z = np.empty((2, n, k), np.float32)                  # [from a | from b, edge, x - ax ... | y - ay ...]
-    np.subtract(_pixel_coords(width), a[:, :1], out=z[0, :, :width])
-    np.subtract(_pixel_coords(height), a[:, 1:], out=z[0, :, width:])
-    np.subtract(z[0], np.repeat(e, (width, height), axis=1), out=z[1])
-    # rank-2 factors [quantity, edge, (1, f) / (g, 1), x... | y...] of d1 = |p-a|^2,
-    # d2 = |p-b|^2, dot = (p-a).(p-b) and cross = (x-ax)*ey - (y-ay)*ex
-    f = np.empty((4, n, 2, k), np.float32)
+    split = (width, height)
+    z = np.empty((2, n, width + height), np.float32)     # [from a | from b, edge, x - ax ... | y - ay ...]
+    np.subtract(np.concatenate([_pixel_coords(width), _pixel_coords(height)]), np.repeat(a, split, axis=1),
+                out=z[0])
+    np.subtract(z[0], np.repeat(e, split, axis=1), out=z[1])
+    # Rank-2 factors [quantity, edge, (1, f) / (g, 1), x... | y...] of d1 = |p-a|^2, d2 = |p-b|^2
+    # of the previous edge (so that [0:2, i] is the pair meeting at vertex i), dot = (p-a).(p-b)
+    # and cross = (x-ax)*ey - (y-ay)*ex.
+    f = np.empty((4, n, 2, width + height), np.float32)
     f[:, :, 0] = 1
-    np.multiply(z[0], z[0], out=f[0, :, 1])
-    np.multiply(z[1], z[1], out=f[1, :, 1])
-    np.multiply(z[0], z[1], out=f[2, :, 1])
-    np.multiply(z[0, :, :width], e[:, 1:], out=f[3, :, 1, :width])
-    np.multiply(z[0, :, width:], -e[:, :1], out=f[3, :, 1, width:])
+    np.multiply(z[0], z, out=f[0::2, :, 1])             # d1 and dot
+    previous = z[1, np.arange(-1, n - 1)]
+    np.multiply(previous, previous, out=f[1, :, 1])
+    np.multiply(z[0], np.repeat(e[:, ::-1] * np.float32([1, -1]), split, axis=1), out=f[3, :, 1])
     rows = f[..., :width]                                # [q, E, 2, W]: 1; f(x)
     cols = f[:, :, ::-1, width:].transpose(0, 1, 3, 2)   # [q, E, H, 2]: g(y), 1
-    # Pixel boxes, all at once: vertex i (radius r), then edge i's circle within r of the edge.
-    r = distance + 1.0
-    pb = np.concatenate([poly[1:], poly[:1]])
-    mid, rad = (poly + pb) / 2, np.sqrt(seg.astype(np.float64))[:, None] / 2 + 1.0
-    lo = np.concatenate([poly - r, np.maximum(mid - rad, np.minimum(poly, pb) - r)])
-    hi = np.concatenate([poly + r, np.minimum(mid + rad, np.maximum(poly, pb) + r)])
-    lo = np.maximum(np.ceil(lo), 0).astype(np.int64).tolist()
-    hi = (np.minimum(np.floor(hi), (width - 1, height - 1)) + 1).astype(np.int64).tolist()
     acc = np.full((height, width), np.inf, np.float32)
+    r, right, bottom = distance + 1.0, width - 1, height - 1
+    p, seg_sq = poly.tolist(), seg.tolist()
     for i in range(n):
-        (x0, y0), (x1, y1) = lo[i], hi[i]                # vertex i: d1 of edge i, d2 of edge i-1
+        # vertex i: its box of radius r gets d1 of edge i and d2 of edge i-1
+        (ax, ay), (bx, by) = p[i], p[i + 1 - n]
+        x0, x1 = max(math.ceil(ax - r), 0), min(math.floor(ax + r), right) + 1
+        y0, y1 = max(math.ceil(ay - r), 0), min(math.floor(ay + r), bottom) + 1
         if x0 < x1 and y0 < y1:
-            d = cols[0, i, y0:y1] @ rows[0, i, :, x0:x1]
-            cv2.min(d, cols[1, i - 1, y0:y1] @ rows[1, i - 1, :, x0:x1], dst=d)
+            d = cols[0:2, i, y0:y1] @ rows[0:2, i, :, x0:x1]
+            cv2.min(d[0], d[1], dst=d[0])
             sub = acc[y0:y1, x0:x1]
-            cv2.min(sub, d, dst=sub)
-        (x0, y0), (x1, y1) = lo[n + i], hi[n + i]
-        if x0 >= x1 or y0 >= y1 or seg[i] == 0:         # a zero-length edge is its vertex
+            cv2.min(sub, d[0], dst=sub)
+        if seg_sq[i] == 0:                               # a zero-length edge is its vertex
+            continue
+        # edge i: the box of its circle (1 px margin) within r of the edge's box
+        cx, cy, rad = (ax + bx) / 2, (ay + by) / 2, math.sqrt(seg_sq[i]) / 2 + 1.0
+        x0 = max(math.ceil(max(cx - rad, min(ax, bx) - r)), 0)
+        x1 = min(math.floor(min(cx + rad, max(ax, bx) + r)), right) + 1
+        y0 = max(math.ceil(max(cy - rad, min(ay, by) - r)), 0)
+        y1 = min(math.floor(min(cy + rad, max(ay, by) + r)), bottom) + 1
+        if x0 >= x1 or y0 >= y1:
             continue
         dot, line = cols[2:, i, y0:y1] @ rows[2:, i, :, x0:x1]
         _, outside = cv2.threshold(dot, 0, _NOT_LINE, cv2.THRESH_BINARY)
