@@ -2,9 +2,11 @@
 
 * ``_ref_border_map``: a per-pixel Python loop over PaddleOCR's MakeBorderMap formula, float64;
 * ``_dense_border_map``: the zoo's previous implementation, kept verbatim, which evaluated every
-  edge over the whole padded box at once.  The band-limited one computes the same float32
-  operations on fewer pixels, so the two must agree to 1e-6 (they are equal to the bit on all the
-  cases below; the bound leaves room for a BLAS whose rank-2 product rounds differently).
+  edge over the whole padded box at once (make_border_map still does so for small boxes).  The
+  band-limited one computes the same float32 operations on fewer pixels, so the two must agree to
+  1e-6 (they are equal to the bit on all the cases below; the bound leaves room for a BLAS whose
+  rank-2 product rounds differently).  Every test runs three ways: make_border_map's own choice
+  per polygon, all banded, all dense.
 """
 from __future__ import annotations
 
@@ -15,8 +17,18 @@ import numpy as np
 import pyclipper
 import pytest
 
+from zoo.data import det_labels
 from zoo.data.det_labels import _as_polys, _offset, _random_quads as bench_quads, make_border_map
 from zoo.data.det_labels import polygon_area_perimeter
+
+
+@pytest.fixture(autouse=True, params=["as configured", "banded", "dense"])
+def distance_path(request, monkeypatch):
+    """Run each test with make_border_map's own choice per polygon, then with every polygon
+    through the banded version, then through the dense one (they must give the same maps)."""
+    limit = {"as configured": det_labels.DENSE_MAX_WORK, "banded": -1, "dense": math.inf}[request.param]
+    monkeypatch.setattr(det_labels, "DENSE_MAX_WORK", limit)
+    return request.param
 
 def _ref_border_map(polys, ignore, h, w, r=0.4, tmin=0.3, tmax=0.7):
     """Per-pixel loop reference of PaddleOCR's MakeBorderMap: nearest-endpoint

@@ -92,9 +92,44 @@ def make_shrink_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
     return gt, mask
 
 
+def _edge_distance2_dense(poly: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Upstream's squared pixel-to-edge distance, min over all edges of ``poly``, every edge
+    over the whole box: fewer numpy calls than :func:`_edge_distance2`, so faster for small boxes.
+
+    ``poly`` is in coordinates relative to the box's top-left pixel; returns
+    float32 ``[height, width]``.  Edges run on the leading axis and pixels on the
+    other two, so one polygon costs a fixed handful of numpy calls whatever its
+    number of edges.  Squared distances are compared and a single square root is
+    taken by the caller; float32 is exact enough because the box-relative
+    coordinates are small.
+    """
+    a = poly.astype(np.float32)
+    e = np.concatenate([a[1:], a[:1]]) - a                      # edge vectors [E,2]
+    seg = (e * e).sum(axis=1)[:, None, None]             # squared lengths [E,1,1]
+    xs = np.arange(width, dtype=np.float32)[None, None, :] - a[:, 0, None, None]   # [E,1,W]
+    ys = np.arange(height, dtype=np.float32)[None, :, None] - a[:, 1, None, None]  # [E,H,1]
+    ex, ey = e[:, 0, None, None], e[:, 1, None, None]
+    d1 = xs * xs + ys * ys                               # to the edge's start
+    d2 = (xs - ex) ** 2 + (ys - ey) ** 2                 # to its end
+    # Upstream takes the endpoint distance when cos < 0 with
+    # cos = (seg - d1 - d2) / (2 sqrt(d1 d2)); seg - d1 - d2 = -2 (p-a).(p-b).
+    far = (xs * (xs - ex) + ys * (ys - ey)) > 0
+    # Otherwise the distance to the edge's line, cross^2 / seg: upstream's
+    # d1*d2*sin^2/seg without its 0/0 and sqrt(<0) cases.  A zero-length edge
+    # always has far == True (or d1 == d2 == 0), so the dummy divisor is unused.
+    cross = xs * ey - ys * ex
+    line = np.square(cross, out=cross)
+    line /= np.where(seg > 0, seg, np.float32(1))
+    near = np.minimum(d1, d2, out=d1)
+    return np.where(far, near, line).min(axis=0)
+
+
 # "Not this edge's line distance": larger than any squared distance within a box.
 _NOT_LINE = np.float32(1e30)
 _ARANGE = np.arange(4096, dtype=np.float32)
+# Up to this many edge-pixel pairs (edges x box pixels) the dense version is faster: the banded
+# one makes ~20 numpy calls per edge whatever the size (crossover measured at 4 edges x ~6000 px).
+DENSE_MAX_WORK = 24_000
 
 
 def _pixel_coords(n: int) -> np.ndarray:
@@ -214,7 +249,11 @@ def make_border_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
         if x0 > x1 or y0 > y1:
             continue
         # value = lo + span * (1 - min(dist / D, 1)) = max(lo + span - dist * span / D, lo), in place
-        value = _edge_distance2(poly - (x0, y0), x1 - x0 + 1, y1 - y0 + 1, distance)
+        width, height = x1 - x0 + 1, y1 - y0 + 1
+        if len(poly) * width * height <= DENSE_MAX_WORK:  # both give the same bits
+            value = _edge_distance2_dense(poly - (x0, y0), width, height)
+        else:
+            value = _edge_distance2(poly - (x0, y0), width, height, distance)
         cv2.sqrt(value, dst=value)
         value *= np.float32(-span / distance)
         value += lo + span
