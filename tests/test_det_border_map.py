@@ -233,3 +233,10 @@ def test_border_map_reference_check_can_fail():
 
     with pytest.raises(AssertionError):
         _check(polys, ignore, 40, 56, off_by_a_bit, 1e-6)
+
+
+def test_label_benchmark_runs_and_restores_the_limit(distance_path, capsys):
+    limit = det_labels.DENSE_MAX_WORK
+    out = det_labels.benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, scale=0.5, against_dense=True)
+    assert set(out[2]) == {"border", "shrink", "border_dense", "ratio_to_dense"} and out[2]["ratio_to_dense"] > 0
+    assert det_labels.DENSE_MAX_WORK == limit and "all dense, ratio" in capsys.readouterr().out

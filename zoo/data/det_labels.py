@@ -262,11 +262,11 @@ def make_border_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
     return canvas, mask
 
 
-def _random_quads(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
+def _random_quads(rng: np.random.Generator, n: int, size: int, scale: float = 1.0) -> np.ndarray:
     """``n`` rotated word-like rectangles inside a ``size`` square (for benchmarks)."""
     quads = []
     for _ in range(n):
-        bw, bh = rng.uniform(30, 120), rng.uniform(10, 40)
+        bw, bh = rng.uniform(30, 120) * scale, rng.uniform(10, 40) * scale
         cx, cy = rng.uniform(60, size - 60, 2)
         t = np.deg2rad(rng.uniform(-30, 30))
         rot = np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
@@ -275,35 +275,62 @@ def _random_quads(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     return np.asarray(quads, np.float32)
 
 
-def benchmark_labels(size: int = 640, counts=(5, 20, 50), repeats: int = 5, rounds: int = 5) -> dict:
+def _dense_border_map(*args) -> tuple[np.ndarray, np.ndarray]:
+    """make_border_map with every polygon through the dense distance (the previous algorithm)."""
+    global DENSE_MAX_WORK
+    saved, DENSE_MAX_WORK = DENSE_MAX_WORK, math.inf
+    try:
+        return make_border_map(*args)
+    finally:
+        DENSE_MAX_WORK = saved
+
+
+def benchmark_labels(size: int = 640, counts=(5, 20, 50), repeats: int = 5, rounds: int = 5,
+                     scale: float = 1.0, against_dense: bool = False) -> dict:
     """Print and return ms per image for both maps on ``size``x``size`` images with
-    5/20/50 random word-like quads (upstream's border map: ~6/19/38 ms, shrink map
-    ~0.05-0.09 ms per quad).  Best of ``rounds`` means over ``repeats`` calls, as
-    ``timeit`` does, so that other load on a shared machine inflates it least."""
+    5/20/50 random word-like quads, ``scale`` times the default size (upstream's border map:
+    ~6/19/38 ms, shrink map ~0.05-0.09 ms per quad).  Best of ``rounds`` means over ``repeats``
+    calls, as ``timeit`` does, so that other load on a shared machine inflates it least.
+
+    ``against_dense``: also the border map with the dense distance for every polygon, alternated
+    round by round with the default one; prints medians over rounds and the median ratio."""
     rng = np.random.default_rng(0)
     results = {}
     for n in counts:
-        quads, ignore = _random_quads(rng, n, size), np.zeros(n, bool)
-        timings = {}
-        for name, fn in (("border", make_border_map), ("shrink", make_shrink_map)):
+        quads, ignore = _random_quads(rng, n, size, scale), np.zeros(n, bool)
+        fns = [("border", make_border_map), ("shrink", make_shrink_map)]
+        fns += [("border_dense", _dense_border_map)] if against_dense else []
+        per_round = {name: [] for name, _ in fns}
+        for name, fn in fns:
             fn(quads, ignore, size, size)  # warm-up
-            best = math.inf
-            for _ in range(rounds):
+        for r in range(rounds):
+            for name, fn in fns if r % 2 == 0 else fns[::-1]:
                 t0 = time.perf_counter()
                 for _ in range(repeats):
                     fn(quads, ignore, size, size)
-                best = min(best, (time.perf_counter() - t0) / repeats * 1e3)
-            timings[name] = best
+                per_round[name].append((time.perf_counter() - t0) / repeats * 1e3)
+        timings = {name: min(v) for name, v in per_round.items()}
         results[n] = timings
-        print(f"{size}x{size}, {n:3d} quads: border map {timings['border']:6.2f} ms, "
-              f"shrink map {timings['shrink']:6.2f} ms per image")
+        line = (f"{size}x{size}, {n:3d} quads: border map {timings['border']:6.2f} ms, "
+                f"shrink map {timings['shrink']:6.2f} ms per image")
+        if against_dense:
+            ratio = np.array(per_round["border"]) / np.array(per_round["border_dense"])
+            timings["ratio_to_dense"] = float(np.median(ratio))
+            line += (f"; border map medians {np.median(per_round['border']):.2f} ms against "
+                     f"{np.median(per_round['border_dense']):.2f} ms all dense, ratio {np.median(ratio):.2f}")
+        print(line)
     return results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="DB label maps")
     parser.add_argument("--bench", action="store_true", help="time label generation on 640x640 images")
-    if parser.parse_args().bench:
-        benchmark_labels()
+    parser.add_argument("--scale", type=float, default=1.0, help="--bench: text size factor (1.5: pipeline-like)")
+    parser.add_argument("--rounds", type=int, default=5, help="--bench: timed rounds")
+    parser.add_argument("--against-dense", action="store_true",
+                        help="--bench: alternate with the border map's dense distance for every polygon")
+    args = parser.parse_args()
+    if args.bench:
+        benchmark_labels(rounds=args.rounds, scale=args.scale, against_dense=args.against_dense)
     else:
         parser.print_help()
