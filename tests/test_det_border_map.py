@@ -2,11 +2,12 @@
 
 * ``_ref_border_map``: a per-pixel Python loop over PaddleOCR's MakeBorderMap formula, float64;
 * ``_dense_border_map``: the zoo's previous implementation, kept verbatim, which evaluated every
-  edge over the whole padded box at once (make_border_map still does so for small boxes).  The
-  band-limited one computes the same float32 operations on fewer pixels, so the two must agree to
-  1e-6 (they are equal to the bit on all the cases below; the bound leaves room for a BLAS whose
-  rank-2 product rounds differently).  Every test runs three ways: make_border_map's own choice
-  per polygon, all banded, all dense.
+  edge over the whole padded box at once with numpy broadcasting.
+make_border_map computes the same float32 operations, with rank-2 products, over the whole box
+(small boxes) or only within D of each edge (larger ones), so it must agree with the previous one
+to 1e-6 (equal to the bit on all the cases below; the bound leaves room for a BLAS whose rank-2
+product rounds differently).  Every test runs three ways: make_border_map's own choice per
+polygon, all banded, all dense.
 """
 from __future__ import annotations
 

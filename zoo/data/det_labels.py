@@ -16,9 +16,10 @@ themselves from DBNet.pytorch):
   The threshold mask is the union of the padded polygons.
 
 The border map is where upstream spends its time (a Python loop over edges per
-polygon, ~1 ms per quad).  Here each edge is evaluated only over the pixels
-within ``D`` of it (farther ones are clipped to the floor anyway), inside the
-part of the polygon's box that lies in the image.
+polygon, ~1 ms per quad).  Here, inside the part of the polygon's box that lies
+in the image, a small box has all edges evaluated at once over it, and a larger
+one has each edge evaluated only over the pixels within ``D`` of it (farther
+ones are clipped to the floor anyway); both give the same bits.
 
 Upstream's edge distance is kept on purpose, although it is not exactly the
 point-to-segment distance: for a pixel seeing the edge under an obtuse angle
@@ -92,48 +93,65 @@ def make_shrink_map(polys, ignore, h: int, w: int, shrink_ratio: float = 0.4,
     return gt, mask
 
 
-def _edge_distance2_dense(poly: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Upstream's squared pixel-to-edge distance, min over all edges of ``poly``, every edge
-    over the whole box: fewer numpy calls than :func:`_edge_distance2`, so faster for small boxes.
-
-    ``poly`` is in coordinates relative to the box's top-left pixel; returns
-    float32 ``[height, width]``.  Edges run on the leading axis and pixels on the
-    other two, so one polygon costs a fixed handful of numpy calls whatever its
-    number of edges.  Squared distances are compared and a single square root is
-    taken by the caller; float32 is exact enough because the box-relative
-    coordinates are small.
-    """
-    a = poly.astype(np.float32)
-    e = np.concatenate([a[1:], a[:1]]) - a                      # edge vectors [E,2]
-    seg = (e * e).sum(axis=1)[:, None, None]             # squared lengths [E,1,1]
-    xs = np.arange(width, dtype=np.float32)[None, None, :] - a[:, 0, None, None]   # [E,1,W]
-    ys = np.arange(height, dtype=np.float32)[None, :, None] - a[:, 1, None, None]  # [E,H,1]
-    ex, ey = e[:, 0, None, None], e[:, 1, None, None]
-    d1 = xs * xs + ys * ys                               # to the edge's start
-    d2 = (xs - ex) ** 2 + (ys - ey) ** 2                 # to its end
-    # Upstream takes the endpoint distance when cos < 0 with
-    # cos = (seg - d1 - d2) / (2 sqrt(d1 d2)); seg - d1 - d2 = -2 (p-a).(p-b).
-    far = (xs * (xs - ex) + ys * (ys - ey)) > 0
-    # Otherwise the distance to the edge's line, cross^2 / seg: upstream's
-    # d1*d2*sin^2/seg without its 0/0 and sqrt(<0) cases.  A zero-length edge
-    # always has far == True (or d1 == d2 == 0), so the dummy divisor is unused.
-    cross = xs * ey - ys * ex
-    line = np.square(cross, out=cross)
-    line /= np.where(seg > 0, seg, np.float32(1))
-    near = np.minimum(d1, d2, out=d1)
-    return np.where(far, near, line).min(axis=0)
-
-
 # "Not this edge's line distance": larger than any squared distance within a box.
 _NOT_LINE = np.float32(1e30)
 _ARANGE = np.arange(4096, dtype=np.float32)
 # Up to this many edge-pixel pairs (edges x box pixels) the dense version is faster: the banded
-# one makes ~20 numpy calls per edge whatever the size (crossover measured at 4 edges x ~6000 px).
-DENSE_MAX_WORK = 24_000
+# one makes ~20 numpy calls per edge whatever the size (crossover measured at 4 edges x ~15000 px).
+DENSE_MAX_WORK = 60_000
 
 
 def _pixel_coords(n: int) -> np.ndarray:
     return _ARANGE[:n] if n <= len(_ARANGE) else np.arange(n, dtype=np.float32)
+
+
+def _factors(poly: np.ndarray, width: int, height: int):
+    """Squared edge lengths ``[E]`` and rank-2 factors of the four quantities of upstream's edge
+    distance over a ``[height, width]`` box: ``cols[q, i] @ rows[q, i]`` is, for edge ``i``,
+    ``q = 0``: d1 = |p-a|^2, ``1``: d2 = |p-b|^2 of the previous edge (so that ``[0:2, i]`` is the
+    pair meeting at vertex i), ``2``: dot = (p-a).(p-b), ``3``: cross = (x-ax)*ey - (y-ay)*ex.
+
+    A separable sum ``g(y) + f(x)`` over a box is the product ``[g, 1] @ [1; f]``, one rounding
+    as the sum: 2-3x faster than numpy's broadcast add on boxes this small.  Every quantity is
+    computed with the float32 operations of the original dense version (box-relative
+    coordinates, ``(x-ax)**2 + (y-ay)**2``, ...), so the maps are the same to the bit.
+    """
+    n = len(poly)
+    a = poly.astype(np.float32)
+    e = np.concatenate([a[1:], a[:1]]) - a               # edge vectors [E,2]
+    seg = (e * e).sum(axis=1)                            # squared lengths [E]
+    split = (width, height)
+    z = np.empty((2, n, width + height), np.float32)     # [from a | from b, edge, x - ax ... | y - ay ...]
+    np.subtract(np.concatenate([_pixel_coords(width), _pixel_coords(height)]), np.repeat(a, split, axis=1),
+                out=z[0])
+    np.subtract(z[0], np.repeat(e, split, axis=1), out=z[1])
+    # [quantity, edge, (1, f) / (g, 1), x... | y...]
+    f = np.empty((4, n, 2, width + height), np.float32)
+    f[:, :, 0] = 1
+    np.multiply(z[0], z, out=f[0::2, :, 1])             # d1 and dot
+    previous = z[1, np.arange(-1, n - 1)]
+    np.multiply(previous, previous, out=f[1, :, 1])
+    np.multiply(z[0], np.repeat(e[:, ::-1] * np.float32([1, -1]), split, axis=1), out=f[3, :, 1])
+    rows = f[..., :width]                                # [q, E, 2, W]: 1; f(x)
+    cols = f[:, :, ::-1, width:].transpose(0, 1, 3, 2)   # [q, E, H, 2]: g(y), 1
+    return seg, rows, cols
+
+
+def _edge_distance2_dense(poly: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Upstream's squared pixel-to-edge distance, min over all edges of ``poly``, every edge over
+    the whole ``[height, width]`` box: a fixed dozen numpy calls, so faster than
+    :func:`_edge_distance2` for small boxes.  Endpoint distances count everywhere and line
+    distances where ``dot <= 0``: the same minimum as upstream's per-edge choice, since the line
+    distance is never above either endpoint distance."""
+    n = len(poly)
+    seg, rows, cols = _factors(poly, width, height)
+    q = cols @ rows                                      # [4, E, H, W]: d1, d2, dot, cross
+    line = q[3]
+    np.square(line, out=line)
+    line /= np.where(seg > 0, seg, np.float32(1))[:, None, None]
+    _, outside = cv2.threshold(q[2].reshape(n * height, width), 0, _NOT_LINE, cv2.THRESH_BINARY)
+    np.maximum(line, outside.reshape(n, height, width), out=q[2])
+    return q[:3].reshape(3 * n, height, width).min(axis=0)
 
 
 def _edge_distance2(poly: np.ndarray, width: int, height: int, distance: float) -> np.ndarray:
@@ -152,33 +170,11 @@ def _edge_distance2(poly: np.ndarray, width: int, height: int, distance: float) 
     circle).  The boxes have a 1 px margin against rounding.  That is ~1/4 of
     the pixels of computing every edge over the whole box.
 
-    Every value is computed with the float32 operations of the dense version
-    (box-relative coordinates, ``(x-ax)**2 + (y-ay)**2``, ``cross**2 / seg``, the
-    ``dot > 0`` test), so the result is the same to the bit.  A separable sum
-    ``g(y) + f(x)`` over a box is one rank-2 product ``[g, 1] @ [1; f]`` (one
-    rounding, as the sum): 2-3x faster than numpy's broadcast add on small boxes,
-    as cv2's min/max are than numpy's on strided sub-boxes.
+    The values are those of the dense version to the bit (see :func:`_factors`); cv2's
+    min/max are used because they are 2-3x faster than numpy's on strided sub-boxes.
     """
     n = len(poly)
-    a = poly.astype(np.float32)
-    e = np.concatenate([a[1:], a[:1]]) - a               # edge vectors [E,2]
-    seg = (e * e).sum(axis=1)                            # squared lengths [E]
-    split = (width, height)
-    z = np.empty((2, n, width + height), np.float32)     # [from a | from b, edge, x - ax ... | y - ay ...]
-    np.subtract(np.concatenate([_pixel_coords(width), _pixel_coords(height)]), np.repeat(a, split, axis=1),
-                out=z[0])
-    np.subtract(z[0], np.repeat(e, split, axis=1), out=z[1])
-    # Rank-2 factors [quantity, edge, (1, f) / (g, 1), x... | y...] of d1 = |p-a|^2, d2 = |p-b|^2
-    # of the previous edge (so that [0:2, i] is the pair meeting at vertex i), dot = (p-a).(p-b)
-    # and cross = (x-ax)*ey - (y-ay)*ex.
-    f = np.empty((4, n, 2, width + height), np.float32)
-    f[:, :, 0] = 1
-    np.multiply(z[0], z, out=f[0::2, :, 1])             # d1 and dot
-    previous = z[1, np.arange(-1, n - 1)]
-    np.multiply(previous, previous, out=f[1, :, 1])
-    np.multiply(z[0], np.repeat(e[:, ::-1] * np.float32([1, -1]), split, axis=1), out=f[3, :, 1])
-    rows = f[..., :width]                                # [q, E, 2, W]: 1; f(x)
-    cols = f[:, :, ::-1, width:].transpose(0, 1, 3, 2)   # [q, E, H, 2]: g(y), 1
+    seg, rows, cols = _factors(poly, width, height)
     acc = np.full((height, width), np.inf, np.float32)
     r, right, bottom = distance + 1.0, width - 1, height - 1
     p, seg_sq = poly.tolist(), seg.tolist()
@@ -276,7 +272,7 @@ def _random_quads(rng: np.random.Generator, n: int, size: int, scale: float = 1.
 
 
 def _dense_border_map(*args) -> tuple[np.ndarray, np.ndarray]:
-    """make_border_map with every polygon through the dense distance (the previous algorithm)."""
+    """make_border_map with every polygon through the dense distance (every edge over the whole box)."""
     global DENSE_MAX_WORK
     saved, DENSE_MAX_WORK = DENSE_MAX_WORK, math.inf
     try:
