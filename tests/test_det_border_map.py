@@ -241,3 +241,5 @@ def test_label_benchmark_runs_and_restores_the_limit(distance_path, capsys):
     out = det_labels.benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, scale=0.5, against_dense=True)
     assert set(out[2]) == {"border", "shrink", "border_dense", "ratio_to_dense"} and out[2]["ratio_to_dense"] > 0
     assert det_labels.DENSE_MAX_WORK == limit and "all dense, ratio" in capsys.readouterr().out
+    out = det_labels.benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, against_module=det_labels.__file__)
+    assert out[2]["border_ratio_to_other"] > 0 and out[2]["shrink_ratio_to_other"] > 0
