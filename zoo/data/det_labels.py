@@ -111,6 +111,10 @@ def _factors(poly: np.ndarray, width: int, height: int):
     ``q = 0``: d1 = |p-a|^2, ``1``: d2 = |p-b|^2 of the previous edge (so that ``[0:2, i]`` is the
     pair meeting at vertex i), ``2``: dot = (p-a).(p-b), ``3``: cross = (x-ax)*ey - (y-ay)*ex.
 
+    Upstream takes the endpoint distance when ``cos = (seg - d1 - d2) / (2 sqrt(d1 d2)) < 0``,
+    i.e. ``dot > 0`` (``seg - d1 - d2 = -2 dot``), and otherwise the line distance
+    ``d1 d2 sin^2 / seg``, which is ``cross**2 / seg`` without its 0/0 and sqrt(<0) cases.
+
     A separable sum ``g(y) + f(x)`` over a box is the product ``[g, 1] @ [1; f]``, one rounding
     as the sum: 2-3x faster than numpy's broadcast add on boxes this small.  Every quantity is
     computed with the float32 operations of the original dense version (box-relative
