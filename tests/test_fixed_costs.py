@@ -106,7 +106,7 @@ def test_a_timing_run_can_be_continued_with_the_final_evaluation(tiny_cfg, tmp_p
 # A tools/train.py run with the training stubbed out, counting Hydra's compositions of the config.
 _COUNT_COMPOSITIONS = """
 import json, runpy, sys
-sys.path.insert(0, "tools")
+sys.path[:0] = [".", "tools"]  # run with cwd = the checkout, installed or not
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 import zoo.engine.run
 modes = []
