@@ -1,0 +1,224 @@
+"""PP-YOLOE export (PaddleDetection deploy layout, NMS in the graph) against our own evaluation path.
+
+The reference is ``PPYOLOETask.predict`` (dygraph network, boxes to source pixels, clip, our NumPy
+NMS: zoo/postprocess/nms.py) on the images our eval transform makes. The export runs in Paddle
+Inference (fast test) and in PaddleX 3.7's object-detection predictor in its own venv (slow test;
+the venv of tests/test_export_paddleocr.py, ``AMPZOO_SKIP_CLIENT=1`` skips it), which reads the
+images, resizes, normalises and rescales on its own.
+
+Weights: a random PP-YOLOE scores every anchor ~0.01 (the prior), so its NMS output is a pile of
+near ties. The head's prediction convs are redrawn (seeded) so that scores spread over (0, 1) and an
+NMS score_threshold of 0.3 keeps a few dozen distinct boxes; the nearest score gaps are > 1e-4, so
+both sides must agree on every box.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import cv2
+import numpy as np
+import paddle
+import pytest
+import yaml
+from conftest import ROOT, compose, run_tool
+
+import zoo
+from zoo.data.classification import read_image_rgb
+from zoo.data.det_box_transforms import BoxEvalTransform
+from zoo.tasks import PPYOLOETask
+
+EXPORT = str(ROOT / "tools" / "export.py")
+SCORE_THRESHOLD = 0.3
+# A small synthetic set: only its class names are read by the export.
+DATA = ["data.builder.num_train=4", "data.builder.num_val=2", f"model.task.nms.score_threshold={SCORE_THRESHOLD}"]
+SIZES = [(200, 300), (250, 180), (170, 330)]  # (h, w): every image is rescaled, non-uniformly
+
+CLIENT_SCRIPT = r'''
+import json, sys
+from paddlex import create_model
+a = json.loads(sys.argv[1])
+model = create_model(model_name=a["model_name"], model_dir=a["model_dir"], device="cpu", engine="paddle_static",
+                     engine_config={"run_mode": "paddle"})
+out = [[{"cls_id": int(b["cls_id"]), "label": b["label"], "score": float(b["score"]),
+         "coordinate": [float(v) for v in b["coordinate"]]} for b in r["boxes"]]
+       for r in model.predict(a["images"], batch_size=1, threshold=0.0)]
+with open(a["output"], "w") as f:
+    json.dump(out, f)
+'''
+
+
+def _spread_ppyoloe(name="ppyoloe_tiny", num_classes=8, seed=0):
+    """PP-YOLOE with seeded prediction convs whose scores spread over (0, 1) (see the module doc)."""
+    paddle.seed(seed)
+    model = zoo.create_model(name, num_classes=num_classes)
+    rng = np.random.default_rng(seed)
+    for conv, std in [(c, 1.0) for c in model.yolo_head.pred_cls] + [(c, 0.5) for c in model.yolo_head.pred_reg]:
+        conv.weight.set_value(paddle.to_tensor(rng.normal(0, std, conv.weight.shape).astype("float32")))
+    model.eval()
+    return model
+
+
+def _write_images(tmp_path, seed=7):
+    """Images of coloured rectangles on noise, at the SIZES; returns their paths."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i, (h, w) in enumerate(SIZES):
+        img = rng.integers(0, 60, (h, w, 3)).astype(np.uint8)
+        for _ in range(4):
+            y, x = int(rng.integers(0, h - 40)), int(rng.integers(0, w - 40))
+            img[y:y + int(rng.integers(20, 40)), x:x + int(rng.integers(20, 60))] = rng.integers(80, 256, 3)
+        paths.append(tmp_path / f"img{i}.png")
+        cv2.imwrite(str(paths[-1]), img)
+    return paths
+
+
+def _ours(model, paths, eval_size, nms):
+    """Our evaluation path on each image: ``[K, 6]`` (class, score, x1, y1, x2, y2) rows."""
+    task = PPYOLOETask(num_classes=8, nms=nms)
+    transform = BoxEvalTransform(eval_size)
+    rows = []
+    for path in paths:
+        img = read_image_rgb(str(path))
+        image, scale = transform(img)
+        batch = {"image": paddle.to_tensor(image[None]), "scale_factor": scale[None],
+                 "orig_size": np.array([img.shape[:2]], np.int64)}
+        with paddle.no_grad():
+            (boxes, scores, labels), = task.predict(model, batch)
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])  # clients drop empty boxes
+        rows.append(np.concatenate([labels[keep, None], scores[keep, None], boxes[keep]], axis=1).astype(np.float64))
+    return rows
+
+
+def _by_class_then_score(rows):
+    rows = np.asarray(rows, np.float64).reshape(-1, 6)
+    return rows[np.lexsort((-rows[:, 1], rows[:, 0]))]
+
+
+def _assert_same(theirs, ours, who, min_boxes=10):
+    assert sum(len(r) for r in ours) >= min_boxes, "the spread model found too few boxes; the test proves nothing"
+    for i, (t, o) in enumerate(zip(theirs, ours)):
+        t, o = _by_class_then_score(t), _by_class_then_score(o)
+        assert len(t) == len(o), f"image {i}: {who} {len(t)} boxes, ours {len(o)}"
+        np.testing.assert_array_equal(t[:, 0], o[:, 0], err_msg=f"image {i}: classes differ")
+        np.testing.assert_allclose(t[:, 1], o[:, 1], atol=1e-4, err_msg=f"image {i}: scores differ")
+        np.testing.assert_allclose(t[:, 2:], o[:, 2:], atol=1.0, err_msg=f"image {i}: boxes differ (px)")
+
+
+def _export(tmp_path, model, *extra, name="ppyoloe_tiny"):
+    paddle.save(model.state_dict(), str(tmp_path / "w.pdparams"))
+    out = tmp_path / "deploy"
+    proc = run_tool([EXPORT, f"model={name}", f"weights={tmp_path / 'w.pdparams'}", f"export.out_dir={out}",
+                     "export.onnx=false", *DATA, *extra], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _paddle_inference(model_file, params_file, paths, eval_size):
+    """Paddle Inference (CPU, oneDNN off: see README Deploy) on PaddleDetection's preprocessing."""
+    from paddle import inference
+
+    config = inference.Config(str(model_file), str(params_file))
+    config.disable_gpu()
+    config.disable_mkldnn()
+    predictor = inference.create_predictor(config)
+    assert sorted(predictor.get_input_names()) == ["image", "scale_factor"]
+    transform = BoxEvalTransform(eval_size)
+    rows = []
+    for path in paths:
+        image, scale = transform(read_image_rgb(str(path)))
+        feeds = {"image": image[None], "scale_factor": scale[None]}
+        for name in predictor.get_input_names():
+            handle = predictor.get_input_handle(name)
+            handle.reshape(feeds[name].shape)
+            handle.copy_from_cpu(np.ascontiguousarray(feeds[name]))
+        predictor.run()
+        bbox, bbox_num = (predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names())
+        assert bbox.shape[1:] == (6,) and bbox_num.tolist() == [len(bbox)]
+        rows.append(bbox[(bbox[:, 4] > bbox[:, 2]) & (bbox[:, 5] > bbox[:, 3])])
+    return rows
+
+
+def test_export_files_and_infer_cfg(tmp_path):
+    out = _export(tmp_path, _spread_ppyoloe())
+    assert {p.name for p in out.iterdir()} == {"model.json", "model.pdiparams", "infer_cfg.yml", "export.json"}
+    cfg = yaml.safe_load((out / "infer_cfg.yml").read_text())
+    assert cfg["arch"] == "YOLO" and cfg["min_subgraph_size"] == 3 and cfg["mode"] == "paddle"
+    assert cfg["use_dynamic_shape"] is False and cfg["draw_threshold"] == 0.5
+    assert cfg["Global"] == {"model_name": "PP-YOLOE_plus-S"}
+    assert cfg["Preprocess"] == [
+        {"type": "Resize", "interp": 2, "keep_ratio": False, "target_size": [160, 160]},
+        {"type": "NormalizeImage", "is_scale": True, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+        {"type": "Permute"}]
+    assert cfg["label_list"] == ["circle", "square", "triangle", "star", "ellipse", "cross", "ring", "diamond"]
+    assert cfg["NMS"]["score_threshold"] == SCORE_THRESHOLD and cfg["NMS"]["keep_top_k"] == 100
+    record = json.loads((out / "export.json").read_text())
+    assert record["layout"] == "paddledetection" and record["input_shape"] == [-1, 3, 160, 160]
+    assert record["precision"] == "fp32" and set(record["saved_dtypes"]) == {"float32"}
+
+
+def test_paddle_inference_matches_our_predict(tmp_path):
+    model = _spread_ppyoloe()
+    out = _export(tmp_path, model)
+    paths = _write_images(tmp_path)
+    nms = dict(compose(["model=ppyoloe_tiny", *DATA], "export").model.task.nms)
+    theirs = _paddle_inference(out / "model.json", out / "model.pdiparams", paths, 160)
+    _assert_same(theirs, _ours(model, paths, 160, nms), "Paddle Inference")
+
+
+def test_ppyoloe_s_exports_and_runs(tmp_path):
+    """The real ppyoloe_s (random weights) exports in both layouts and runs in Paddle Inference."""
+    model = _spread_ppyoloe("ppyoloe_s")
+    out = _export(tmp_path, model, "export.layout=paddlex", name="ppyoloe_s")
+    assert {p.name for p in out.iterdir()} == {"inference.json", "inference.pdiparams", "inference.yml",
+                                               "export.json"}
+    paths = _write_images(tmp_path)[:1]
+    nms = dict(compose(["model=ppyoloe_s", *DATA], "export").model.task.nms)
+    theirs = _paddle_inference(out / "inference.json", out / "inference.pdiparams", paths, 160)
+    _assert_same(theirs, _ours(model, paths, 160, nms), "Paddle Inference", min_boxes=1)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["export.layout=onnx"], "export.layout: expected auto or paddlex or paddledetection"),
+    (["export.precision=fp8"], "export.precision: expected one of fp32, fp16, bf16"),
+    (["export.model_name=PP-YOLOE-Z"], "export.model_name: 'PP-YOLOE-Z' is not a PaddleX PP-YOLOE name"),
+    (["export.label_list=[a,b]"], "export.label_list: 2 names for a model of 8 classes"),
+    (["export.input_shape=[1,3,320,320]"], "export.input_shape: PP-YOLOE's is [-1, 3, S, S]"),
+    (["data.builder.eval_size=100"], "data.builder.eval_size: PP-YOLOE needs a positive multiple of 32"),
+    (["export.draw_threshold=2"], "export.draw_threshold: expected a score in [0, 1]"),
+    (["+data.builder.channel_order=BGR"], "data.builder.channel_order: 'BGR'"),
+    (["+model.task.nms.eta=0.5"], "model.task.nms: unknown keys ['eta']"),
+])
+def test_cli_bad_settings(tmp_path, args, match):
+    proc = run_tool([EXPORT, "model=ppyoloe_tiny", *DATA, *args, f"export.out_dir={tmp_path / 'x'}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert match in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]) == 1
+
+
+@pytest.mark.slow
+def test_paddlex_predictor_matches_our_predict(tmp_path):
+    from test_export_paddleocr import _client_python
+
+    python = _client_python()
+    model = _spread_ppyoloe()
+    out = _export(tmp_path, model, "export.layout=paddlex")
+    paths = _write_images(tmp_path)
+    result = tmp_path / "client.json"
+    (tmp_path / "client.py").write_text(CLIENT_SCRIPT)
+    args = {"model_name": "PP-YOLOE_plus-S", "model_dir": str(out), "images": [str(p) for p in paths],
+            "output": str(result)}
+    env = dict(os.environ, PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK="1", PADDLE_PDX_CACHE_HOME=str(tmp_path / "pdx"),
+               PYTHONWARNINGS="ignore")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(python), str(tmp_path / "client.py"), json.dumps(args)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, f"PaddleX client failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    client = json.loads(result.read_text())
+    assert len(client) == len(paths)
+    labels = yaml.safe_load((out / "inference.yml").read_text())["label_list"]
+    theirs = [[[b["cls_id"], b["score"], *b["coordinate"]] for b in boxes] for boxes in client]
+    assert all(b["label"] == labels[b["cls_id"]] for boxes in client for b in boxes)
+    nms = dict(compose(["model=ppyoloe_tiny", *DATA], "export").model.task.nms)
+    _assert_same(theirs, _ours(model, paths, 160, nms), "PaddleX")
