@@ -74,8 +74,8 @@ class PPYOLOEDeploy(nn.Layer):
         boxes, scores = out["boxes"].astype("float32"), out["scores"].astype("float32")
         scale_y, scale_x = paddle.split(scale_factor, 2, axis=-1)
         boxes = boxes / paddle.concat([scale_x, scale_y, scale_x, scale_y], axis=-1).reshape([-1, 1, 4])
-        h = paddle.full_like(scale_y, image.shape[2]) / scale_y
-        w = paddle.full_like(scale_x, image.shape[3]) / scale_x
+        h = paddle.reciprocal(scale_y) * float(image.shape[2])  # original size = input size / scale
+        w = paddle.reciprocal(scale_x) * float(image.shape[3])
         upper = paddle.concat([w, h, w, h], axis=-1).reshape([-1, 1, 4])
         boxes = paddle.minimum(paddle.maximum(boxes, paddle.zeros_like(boxes)), upper)
         n = self.nms
