@@ -124,3 +124,14 @@ def test_bad_precision_value(tmp_path, value):
     proc = run_tool([EXPORT, "model=db_det_tiny", f"export.precision={value}", f"export.out_dir={tmp_path / 'x'}"],
                     cwd=tmp_path)
     assert proc.returncode == 2 and f"export.precision: expected one of fp32, fp16, bf16, got '{value}'" in proc.stderr
+
+
+def test_bf16_export_writes_no_onnx(tmp_path):
+    """ONNX's Conv has no bfloat16 type: auto skips with the reason, true refuses in one line."""
+    common = [EXPORT, "model=resnet_tiny", "export.model_name=ResNet18", "export.precision=bf16"]
+    proc = run_tool([*common, f"export.out_dir={tmp_path / 'a'}", "export.onnx=auto"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((tmp_path / "a" / "export.json").read_text())
+    assert "ONNX's Conv takes no bfloat16" in record["onnx"] and not (tmp_path / "a" / "inference.onnx").exists()
+    proc = run_tool([*common, f"export.out_dir={tmp_path / 'b'}", "export.onnx=true"], cwd=tmp_path)
+    assert proc.returncode == 2 and "error: export.onnx=true: no ONNX for export.precision=bf16" in proc.stderr

@@ -448,8 +448,15 @@ def export_from_config(cfg, out_dir) -> dict:
     else:
         raise ExportError(f"model.task._target_: no export recipe for {target!r} (known: zoo.tasks.DBTask, "
                           f"zoo.tasks.ClassificationTask, zoo.tasks.PPYOLOETask)")
-    onnx_path, onnx_msg = (None, "ONNX not requested (export.onnx=false)") if onnx_mode == "false" else \
-        export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true", prefix=prefix)
+    if onnx_mode == "false":
+        onnx_path, onnx_msg = None, "ONNX not requested (export.onnx=false)"
+    elif precision == "bf16":  # paddle2onnx 2.1.0 writes one, but ONNX's Conv has no bf16 type
+        if onnx_mode == "true":
+            raise ExportError("export.onnx=true: no ONNX for export.precision=bf16 (ONNX's Conv takes no "
+                              "bfloat16; onnxruntime rejects the model paddle2onnx writes)")
+        onnx_path, onnx_msg = None, "ONNX skipped: ONNX's Conv takes no bfloat16 (export.precision=bf16)"
+    else:
+        onnx_path, onnx_msg = export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true", prefix=prefix)
     record = {"model": str(cfg.model.name), "paddlex_model_name": model_name, "weights": source, "layout": layout,
               "input_shape": [int(d) for d in shape], "output": output, "precision": precision,
               "saved_dtypes": saved_dtypes(out_dir / prefix),
