@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -36,6 +38,43 @@ SCORE_THRESHOLD = 0.3
 DATA = ["data.builder.num_train=4", "data.builder.num_val=2", f"model.task.nms.score_threshold={SCORE_THRESHOLD}"]
 SIZES = [(200, 300), (250, 180), (170, 330)]  # (h, w): every image is rescaled, non-uniformly
 CLS_STD = 0.2  # std of the redrawn class-prediction weights: scores spread but do not saturate at 1.0
+
+# PaddleDetection's own predictor (deploy/python/infer.py), driven the way its predict_image does:
+# preprocess (infer_cfg.yml's ops), predictor run, postprocess. imgaug is imported by preprocess.py
+# for ops a PP-YOLOE does not use; when it is missing a stub stands in for it. load_predictor calls
+# Config.enable_memory_optim(), with which Paddle 3.3.1's create_predictor fails for every PIR program
+# (a plain ResNet too: "Not find predictor_id 0 and pass_name memory_optimize_pass"); it is made a no-op
+# (it changes memory reuse, not results). And Paddle 3.3.1's Config turns oneDNN on by default, which
+# infer.py's --enable_mkldnn=False never turns off: oneDNN fails on nearest_interp (README, Deploy), so
+# the predictor is created with it off, as infer.py means to.
+PADDLEDET_SCRIPT = r'''
+import json, sys, types
+import paddle.inference
+a = json.loads(sys.argv[1])
+sys.path.insert(0, a["deploy_python"])
+paddle.inference.Config.enable_memory_optim = lambda self, *args, **kwargs: None
+try:
+    import imgaug.augmenters
+except ImportError:
+    sys.modules["imgaug"] = types.ModuleType("imgaug")
+    sys.modules["imgaug.augmenters"] = sys.modules["imgaug"].augmenters = types.ModuleType("imgaug.augmenters")
+import infer
+from infer import Detector
+_create = infer.create_predictor
+def create_without_onednn(config):
+    config.disable_mkldnn()
+    return _create(config)
+infer.create_predictor = create_without_onednn
+det = Detector(a["model_dir"], device="CPU", run_mode="paddle", threshold=0.0)
+out = []
+for path in a["images"]:
+    inputs = det.preprocess([path])
+    result = det.postprocess(inputs, det.predict())
+    assert list(result["boxes_num"]) == [len(result["boxes"])]
+    out.append(result["boxes"].tolist())
+with open(a["output"], "w") as f:
+    json.dump(out, f)
+'''
 
 CLIENT_SCRIPT = r'''
 import json, sys
@@ -251,3 +290,35 @@ def test_paddlex_predictor_matches_our_predict(tmp_path):
     assert all(b["label"] == labels[b["cls_id"]] for boxes in client for b in boxes)
     nms = dict(compose(["model=ppyoloe_tiny", *DATA], "export").model.task.nms)
     _assert_same(theirs, _ours(model, paths, 160, nms), "PaddleX")
+
+
+def _paddledet_source():
+    """deploy/python of a PaddleDetection source tree: $AMPZOO_PADDLEDET_SRC, else ~/.cache/ampzoo/src/PaddleDetection."""
+    root = Path(os.environ.get("AMPZOO_PADDLEDET_SRC", Path.home() / ".cache/ampzoo/src/PaddleDetection"))
+    deploy = root / "deploy" / "python"
+    if not (deploy / "infer.py").is_file():
+        pytest.skip(f"no PaddleDetection source at {root} (needs deploy/python/infer.py; there is no PyPI "
+                    "package of it): set AMPZOO_PADDLEDET_SRC to a checkout")
+    return deploy
+
+
+@pytest.mark.slow
+def test_paddledetection_infer_py_matches_our_predict(tmp_path):
+    """Upstream's deploy/python/infer.py on the default layout (model.json + infer_cfg.yml)."""
+    deploy = _paddledet_source()
+    model = _spread_ppyoloe()
+    out = _export(tmp_path, model)
+    paths = _write_images(tmp_path)
+    result = tmp_path / "paddledet.json"
+    (tmp_path / "paddledet.py").write_text(PADDLEDET_SCRIPT)
+    args = {"deploy_python": str(deploy), "model_dir": str(out), "images": [str(p) for p in paths],
+            "output": str(result)}
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("PYTHONPATH", None)  # upstream's code and Paddle only, not ours
+    proc = subprocess.run([sys.executable, str(tmp_path / "paddledet.py"), json.dumps(args)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, f"PaddleDetection infer.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    theirs = [np.asarray(rows, np.float64).reshape(-1, 6) for rows in json.loads(result.read_text())]
+    theirs = [t[(t[:, 4] > t[:, 2]) & (t[:, 5] > t[:, 3])] for t in theirs]
+    nms = dict(compose(["model=ppyoloe_tiny", *DATA], "export").model.task.nms)
+    _assert_same(theirs, _ours(model, paths, 160, nms), "PaddleDetection infer.py")
