@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-import paddle
 from paddle import nn
 
 __all__ = ["PRECISIONS", "FP32Norm", "LowPrecisionNet", "check_precision", "cast_o2", "precision_dtype"]
