@@ -110,13 +110,18 @@ def test_bf16_resnet_export_matches_emulated_bf16_o2(tmp_path):
 def test_unbuildable_precision_names_the_op(tmp_path, model, precision, match):
     extra = ["export.model_name=ResNet18"] if model == "resnet_tiny" else \
         ["data.builder.num_train=4", "data.builder.num_val=2"] if model == "ppyoloe_tiny" else []
-    proc = run_tool([EXPORT, f"model={model}", f"export.out_dir={tmp_path / 'x'}", "export.onnx=false",
+    earlier = tmp_path / "x"  # an earlier export in out_dir must survive the failed one
+    earlier.mkdir()
+    for name in ("export.json", "inference.json", "model.json"):
+        (earlier / name).write_text("earlier")
+    proc = run_tool([EXPORT, f"model={model}", f"export.out_dir={earlier}", "export.onnx=false",
                      f"export.precision={precision}", *extra], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and f"export.precision={precision}: Paddle cannot build the program" in errors[0]
     assert match in errors[0]
-    assert not (tmp_path / "x" / "export.json").exists()
+    assert sorted(p.name for p in earlier.iterdir()) == ["export.json", "inference.json", "model.json"]
+    assert all((earlier / name).read_text() == "earlier" for name in ("export.json", "inference.json"))
 
 
 @pytest.mark.parametrize("value", ["fp8", "O2", "half"])

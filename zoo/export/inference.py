@@ -16,6 +16,7 @@ import re
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -201,18 +202,23 @@ def save_program(layer: nn.Layer, model: nn.Layer, out_dir, specs: Sequence, pre
     low ones ``layer`` must already hold :func:`zoo.export.precision.cast_o2`'s copy.
     """
     out_dir = Path(out_dir)
-    _clear(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()
-    try:
-        paddle.jit.save(layer, str(out_dir / prefix), input_spec=list(specs))
-    except (TypeError, ValueError) as e:
-        if precision != "fp32" and "Check data type error" in str(e):
-            raise _low_precision_error(precision, e) from None
-        raise
-    finally:
-        if was_training:
-            model.train()
+    # Saved beside, then moved in: a failed export leaves an earlier one in out_dir untouched.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp:
+        try:
+            paddle.jit.save(layer, str(Path(tmp) / prefix), input_spec=list(specs))
+        except (TypeError, ValueError) as e:
+            if precision != "fp32" and "Check data type error" in str(e):
+                raise _low_precision_error(precision, e) from None
+            raise
+        finally:
+            if was_training:
+                model.train()
+        _clear(out_dir)
+        for name in os.listdir(tmp):
+            os.replace(Path(tmp) / name, out_dir / name)
     written = [out_dir / f"{prefix}{ext}" for ext in MODEL_EXTS if (out_dir / f"{prefix}{ext}").is_file()]
     if yml is not None:
         path = out_dir / yml_name
@@ -254,13 +260,7 @@ def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml:
     shape = _check_shape(input_shape)
     model = _fp32_model(model)
     spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
-    was_training = model.training
-    model.eval()  # before the low-precision copy is made, which keeps the flag
-    try:
-        layer = wrappers[output](_in_precision(model, precision))
-    finally:
-        if was_training:
-            model.train()
+    layer = wrappers[output](_in_precision(model, precision))  # a low-precision copy is in eval mode
     return save_program(layer, model, out_dir, [spec], INFERENCE_PREFIX, infer_yml, "inference.yml", precision)
 
 
@@ -278,13 +278,7 @@ def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping 
         raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
     size = int(eval_size)
     model = _fp32_model(model)
-    was_training = model.training
-    model.eval()
-    try:
-        layer = PPYOLOEDeploy(_in_precision(model, precision), nms)
-    finally:
-        if was_training:
-            model.train()
+    layer = PPYOLOEDeploy(_in_precision(model, precision), nms)
     specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
              paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]
     prefix, yml_name = LAYOUTS[layout]
