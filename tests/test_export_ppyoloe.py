@@ -322,3 +322,17 @@ def test_paddledetection_infer_py_matches_our_predict(tmp_path):
     theirs = [t[(t[:, 4] > t[:, 2]) & (t[:, 5] > t[:, 3])] for t in theirs]
     nms = dict(compose(["model=ppyoloe_tiny", *DATA], "export").model.task.nms)
     _assert_same(theirs, _ours(model, paths, 160, nms), "PaddleDetection infer.py")
+
+
+def test_coco_model_without_the_data_needs_label_list(tmp_path):
+    """data=coco with no annotations here: the error names export.label_list; given, the export runs."""
+    base = [EXPORT, "model=ppyoloe_tiny", "data=coco", f"data.root={tmp_path / 'no_coco'}", "export.onnx=false"]
+    proc = run_tool([*base, f"export.out_dir={tmp_path / 'a'}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: export.label_list: not given, and the class names of data=coco cannot be read" in proc.stderr
+    names = [f"c{i}" for i in range(80)]
+    proc = run_tool([*base, f"export.out_dir={tmp_path / 'b'}", f"export.label_list=[{','.join(names)}]"],
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = yaml.safe_load((tmp_path / "b" / "infer_cfg.yml").read_text())
+    assert cfg["label_list"] == names and cfg["Preprocess"][0]["target_size"] == [640, 640]
