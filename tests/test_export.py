@@ -205,6 +205,7 @@ def test_cli_db_export_loads_weights(tmp_path):
     (["model=resnet_tiny"], "export.model_name: no PaddleX classification name for model resnet_tiny"),
     (["model=db_det_tiny", "export.onnx=maybe"], "export.onnx: expected auto, true or false"),
     (["model=db_det_tiny", "export.model_name=MyDet"], "export.model_name: 'MyDet'"),
+    (["model=db_det_tiny", "export.layout=paddledetection"], "export.layout: expected auto or paddlex for this model"),
 ])
 def test_cli_bad_input(tmp_path, args, match):
     proc = run_tool([EXPORT, *args, f"export.out_dir={tmp_path / 'x'}"], cwd=tmp_path)

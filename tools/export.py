@@ -1,9 +1,11 @@
 """Export for deployment: ``python tools/export.py model=db_det weights=outputs/<run>/<stamp>``.
 
-Writes ``inference.json`` + ``inference.pdiparams`` (Paddle inference format, FP32), the
-``inference.yml`` PaddleOCR/PaddleX predictors read, ``export.json`` (what was exported from what)
-and, when paddle2onnx is installed, ``inference.onnx``; into ``export.out_dir`` (default: the Hydra
-run folder's ``inference/``). Options: configs/export.yaml.
+DB and ResNet: ``inference.json`` + ``inference.pdiparams`` and the ``inference.yml`` PaddleOCR/PaddleX
+predictors read. PP-YOLOE: PaddleDetection's deploy layout, ``model.json`` + ``model.pdiparams`` +
+``infer_cfg.yml`` with NMS in the graph (``export.layout=paddlex``: ``inference.*`` + ``inference.yml``).
+Also ``export.json`` (what was exported from what, in which precision) and, when paddle2onnx is
+installed, the ONNX file; weights fp32 unless ``export.precision=fp16|bf16``. Into ``export.out_dir``
+(default: the Hydra run folder's ``inference/``). Options: configs/export.yaml.
 """
 from __future__ import annotations
 

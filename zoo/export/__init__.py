@@ -1,4 +1,4 @@
-"""Deployment export: Paddle inference format + the inference.yml PaddleOCR/PaddleX read, ONNX optional."""
+"""Deployment export: Paddle inference format + the yml PaddleOCR/PaddleX/PaddleDetection read, ONNX optional."""
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
     DET_MODEL_NAMES,
@@ -6,10 +6,15 @@ from zoo.export.inference import (
     cls_inference_yml,
     db_inference_yml,
     det_resize_shape,
-    export_from_config,
     export_inference,
     export_onnx,
+    export_ppyoloe,
+    save_program,
 )
+from zoo.export.from_config import export_from_config, saved_dtypes
+from zoo.export.detection import PPYOLOE_MODEL_NAMES, PPYOLOEDeploy, ppyoloe_infer_cfg
+from zoo.export.precision import PRECISIONS, cast_o2
 
 __all__ = ["DEFAULT_DET_MODEL_NAME", "DET_MODEL_NAMES", "ExportError", "cls_inference_yml", "db_inference_yml",
-           "det_resize_shape", "export_from_config", "export_inference", "export_onnx"]
+           "det_resize_shape", "export_from_config", "export_inference", "export_onnx", "export_ppyoloe",
+           "save_program", "PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "ppyoloe_infer_cfg", "PRECISIONS", "cast_o2", "saved_dtypes"]

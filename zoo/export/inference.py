@@ -6,7 +6,9 @@ A PaddleX predictor (``paddleocr.TextDetection(model_name=..., model_dir=...)``)
 name PaddleX knows), ``PreProcess.transform_ops`` and ``PostProcess`` (layout as PaddleOCR's
 ``ppocr/utils/export_model.py`` ``dump_infer_config``; PaddleClas's ``ppcls/utils/config.py``).
 
-Exports are FP32: AMP is a training concern, and O2 runs already save fp32 weights.
+PP-YOLOE goes to PaddleDetection's deploy layout (``model.*`` + ``infer_cfg.yml``, NMS in the graph:
+zoo/export/detection.py) or, with ``export.layout=paddlex``, to ``inference.*`` + ``inference.yml``.
+Weights are fp32 unless ``export.precision`` asks for fp16 / bf16 (zoo/export/precision.py).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import re
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,9 +24,9 @@ import paddle
 import yaml
 from paddle import nn
 
-__all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "ClassifierProbs", "DBProbabilityMap",
+__all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ClassifierProbs", "DBProbabilityMap",
            "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
-           "export_from_config", "export_onnx", "paddlex_cls_name"]
+           "export_onnx", "export_ppyoloe", "paddlex_cls_name", "save_program"]
 
 # paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
 # detector may be served under. The name picks client defaults only (PP-OCRv3/v4/v5 *_det:
@@ -32,11 +35,14 @@ DET_MODEL_NAMES = ("PP-OCRv3_mobile_det", "PP-OCRv3_server_det", "PP-OCRv4_mobil
                    "PP-OCRv4_mobile_seal_det", "PP-OCRv4_server_seal_det", "PP-OCRv5_mobile_det",
                    "PP-OCRv5_server_det")
 DEFAULT_DET_MODEL_NAME = "PP-OCRv4_mobile_det"
-INFERENCE_PREFIX = "inference"
-ARTEFACTS = tuple(f"{INFERENCE_PREFIX}{ext}" for ext in (".json", ".pdmodel", ".pdiparams", ".pdiparams.info",
-                                                         ".yml", ".onnx")) + ("export.json",)
-YML_HEADER = ("# Written by ampzoo (tools/export.py). Weights are FP32: AMP is a training concern.\n"
-              "# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
+INFERENCE_PREFIX = "inference"   # PaddleX / PaddleOCR / PaddleClas file names (PaddleDetection --for_fd)
+DEPLOY_PREFIX = "model"           # PaddleDetection's deploy layout: model.* + infer_cfg.yml
+MODEL_EXTS = (".json", ".pdmodel", ".pdiparams", ".pdiparams.info")
+ARTEFACTS = tuple(f"{prefix}{ext}" for prefix in (INFERENCE_PREFIX, DEPLOY_PREFIX) for ext in MODEL_EXTS + (".onnx",)) \
+    + ("inference.yml", "infer_cfg.yml", "export.json")
+LAYOUTS = {"paddlex": (INFERENCE_PREFIX, "inference.yml"), "paddledetection": (DEPLOY_PREFIX, "infer_cfg.yml")}
+YML_HEADER = "# Written by ampzoo (tools/export.py); export.json says from what, and in which precision.\n"
+DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
               "# predictor (TextDetection(limit_side_len=..., limit_type=...)).\n")
 
 
@@ -170,42 +176,118 @@ def _check_shape(input_shape: Sequence) -> list[int]:
     return shape
 
 
+def _clear(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ARTEFACTS:  # a stale file of an earlier export must not sit beside this one
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def _low_precision_error(precision: str, err: Exception) -> ExportError:
+    """One line saying which op this Paddle build cannot build in ``precision``."""
+    found = re.search(r"Check data type error for op: (\w+), input: (\w+), \w+\.dtype: (\w+), and expected_dtype: "
+                      r"([\w, ]+?),?\s*\(", str(err))
+    what = (f"op {found.group(1)} has no {found.group(3)} kernel in this Paddle {paddle.__version__} build "
+            f"(its {found.group(2)} accepts {found.group(4).strip()})") if found else str(err).strip().splitlines()[-1]
+    return ExportError(f"export.precision={precision}: Paddle cannot build the program: {what}; a CPU build has "
+                       f"no fp16 kernels and few bf16 ones, so build this export with a GPU build of Paddle "
+                       f"(README, Deploy)")
+
+
+def save_program(layer: nn.Layer, model: nn.Layer, out_dir, specs: Sequence, prefix: str = INFERENCE_PREFIX,
+                 yml: Mapping | None = None, yml_name: str = "inference.yml", precision: str = "fp32") -> list[Path]:
+    """``paddle.jit.save(layer)`` as ``out_dir/<prefix>.{json,pdiparams}`` plus the client yml.
+
+    ``layer`` wraps ``model`` (built by the callers below); ``model`` is switched to eval mode for the
+    export and its training flag restored. ``precision`` is ``fp32``, ``fp16`` or ``bf16``: for the
+    low ones ``layer`` must already hold :func:`zoo.export.precision.cast_o2`'s copy.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    # Saved beside, then moved in: a failed export leaves an earlier one in out_dir untouched.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp:
+        try:
+            paddle.jit.save(layer, str(Path(tmp) / prefix), input_spec=list(specs))
+        except (TypeError, ValueError) as e:
+            if precision != "fp32" and "Check data type error" in str(e):
+                raise _low_precision_error(precision, e) from None
+            raise
+        finally:
+            if was_training:
+                model.train()
+        _clear(out_dir)
+        for name in os.listdir(tmp):
+            os.replace(Path(tmp) / name, out_dir / name)
+    written = [out_dir / f"{prefix}{ext}" for ext in MODEL_EXTS if (out_dir / f"{prefix}{ext}").is_file()]
+    if yml is not None:
+        path = out_dir / yml_name
+        note = DB_YML_NOTE if "PreProcess" in yml and "DetResizeForTest" in str(yml["PreProcess"]) else ""
+        path.write_text(YML_HEADER + note + yaml.safe_dump(dict(yml), sort_keys=False), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def _fp32_model(model: nn.Layer) -> nn.Layer:
+    if any(p.is_floating_point() and p.dtype != paddle.float32 for p in model.parameters()):
+        model.to(dtype="float32")  # a decorated O2 model: cast in place, export from fp32 weights
+    return model
+
+
+def _in_precision(model: nn.Layer, precision: str) -> nn.Layer:
+    """``model`` itself (fp32) or an O2-cast copy taking and returning float32."""
+    from zoo.export.precision import LowPrecisionNet, cast_o2, precision_dtype
+
+    dtype = precision_dtype(precision)
+    if dtype == "float32":
+        return model
+    low, _ = cast_o2(model, dtype)
+    return LowPrecisionNet(low, dtype)
+
+
 def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml: Mapping | None = None,
-                     output: str = "maps") -> list[Path]:
-    """Save ``model`` (eval mode, FP32) as ``out_dir/inference.{json,pdiparams}`` plus ``inference.yml``.
+                     output: str = "maps", precision: str = "fp32") -> list[Path]:
+    """Save ``model`` (eval mode) as ``out_dir/inference.{json,pdiparams}`` plus ``inference.yml``.
 
     ``output``: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier + softmax) or ``"raw"``.
-    Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first. The model's training
-    flag is restored afterwards. Returns the written files.
+    ``precision``: ``fp32``, ``fp16`` or ``bf16`` weights (zoo/export/precision.py); inputs and
+    outputs stay float32. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
+    The model's training flag is restored afterwards. Returns the written files.
     """
     wrappers = {"maps": DBProbabilityMap, "probs": ClassifierProbs, "raw": lambda net: net}
     if output not in wrappers:
         raise ExportError(f"output: expected one of {sorted(wrappers)}, got {output!r}")
     shape = _check_shape(input_shape)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ARTEFACTS:  # a stale file of an earlier export must not sit beside this one
-        (out_dir / name).unlink(missing_ok=True)
-    if any(p.is_floating_point() and p.dtype != paddle.float32 for p in model.parameters()):
-        model.to(dtype="float32")  # a decorated O2 model: cast in place, export FP32
-    was_training = model.training
-    model.eval()
-    try:
-        spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
-        paddle.jit.save(wrappers[output](model), str(out_dir / INFERENCE_PREFIX), input_spec=[spec])
-    finally:
-        if was_training:
-            model.train()
-    written = [out_dir / name for name in ARTEFACTS[:4] if (out_dir / name).is_file()]
-    if infer_yml is not None:
-        path = out_dir / "inference.yml"
-        path.write_text(YML_HEADER + yaml.safe_dump(dict(infer_yml), sort_keys=False), encoding="utf-8")
-        written.append(path)
-    return written
+    model = _fp32_model(model)
+    spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
+    layer = wrappers[output](_in_precision(model, precision))  # a low-precision copy is in eval mode
+    return save_program(layer, model, out_dir, [spec], INFERENCE_PREFIX, infer_yml, "inference.yml", precision)
 
 
-def export_onnx(out_dir, opset: int = 11, required: bool = False) -> tuple[Path | None, str]:
-    """Convert ``out_dir/inference.*`` to ``out_dir/inference.onnx`` with paddle2onnx, if installed.
+def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping | None = None,
+                   nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32") -> list[Path]:
+    """Save a PP-YOLOE with NMS in the graph (zoo/export/detection.py) in ``layout``:
+
+    ``paddledetection``: ``model.{json,pdiparams}`` + ``infer_cfg.yml`` (``tools/export_model.py``);
+    ``paddlex``: ``inference.{json,pdiparams}`` + ``inference.yml`` (upstream's ``--for_fd``), which
+    PaddleX's object-detection predictor reads. Inputs ``image`` [-1, 3, S, S], ``scale_factor`` [-1, 2].
+    """
+    from zoo.export.detection import PPYOLOEDeploy
+
+    if layout not in LAYOUTS:
+        raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
+    size = int(eval_size)
+    model = _fp32_model(model)
+    layer = PPYOLOEDeploy(_in_precision(model, precision), nms)
+    specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
+             paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]
+    prefix, yml_name = LAYOUTS[layout]
+    return save_program(layer, model, out_dir, specs, prefix, infer_cfg, yml_name, precision)
+
+
+def export_onnx(out_dir, opset: int = 11, required: bool = False,
+                prefix: str = INFERENCE_PREFIX) -> tuple[Path | None, str]:
+    """Convert ``out_dir/<prefix>.*`` to ``out_dir/<prefix>.onnx`` with paddle2onnx, if installed.
 
     Returns ``(path or None, message)``. Without paddle2onnx, or when the conversion fails,
     ``required`` raises; otherwise the message says why there is no ONNX file. paddle2onnx runs in
@@ -219,15 +301,15 @@ def export_onnx(out_dir, opset: int = 11, required: bool = False) -> tuple[Path 
             raise ExportError(f"export.onnx=true: {msg}") from None
         return None, msg
     out_dir = Path(out_dir)
-    model_file = next((out_dir / f"{INFERENCE_PREFIX}{ext}" for ext in (".json", ".pdmodel")
-                       if (out_dir / f"{INFERENCE_PREFIX}{ext}").is_file()), None)
+    model_file = next((out_dir / f"{prefix}{ext}" for ext in (".json", ".pdmodel")
+                       if (out_dir / f"{prefix}{ext}").is_file()), None)
     if model_file is None:
-        raise ExportError(f"{out_dir}: no inference.json / inference.pdmodel to convert")
-    target = out_dir / f"{INFERENCE_PREFIX}.onnx"
+        raise ExportError(f"{out_dir}: no {prefix}.json / {prefix}.pdmodel to convert")
+    target = out_dir / f"{prefix}.onnx"
     version = getattr(paddle2onnx, "__version__", "?")
     code = ("import sys, paddle2onnx; "
             "paddle2onnx.export(sys.argv[1], sys.argv[2], sys.argv[3], opset_version=int(sys.argv[4]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(model_file), str(out_dir / f"{INFERENCE_PREFIX}.pdiparams"),
+    proc = subprocess.run([sys.executable, "-c", code, str(model_file), str(out_dir / f"{prefix}.pdiparams"),
                            str(target), str(int(opset))], capture_output=True, text=True,
                           # paddle2onnx's optimiser (Polygraphy) may otherwise pip-install packages itself
                           env={**os.environ, "POLYGRAPHY_AUTOINSTALL_DEPS": "0"})
@@ -239,70 +321,3 @@ def export_onnx(out_dir, opset: int = 11, required: bool = False) -> tuple[Path 
     if required:
         raise ExportError(f"export.onnx=true: {msg}")
     return None, msg + "; the Paddle inference files are complete"
-
-
-def _onnx_mode(value) -> str:
-    mode = str(value).lower()  # YAML true/false arrive as bools; str(True).lower() == "true"
-    if mode not in ("auto", "true", "false"):
-        raise ExportError(f"export.onnx: expected auto, true or false, got {value!r}")
-    return mode
-
-
-def export_from_config(cfg, out_dir) -> dict:
-    """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, export; returns the export record.
-
-    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
-    model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
-    input_shape, onnx (auto|true|false), opset, model_name, limit_side_len, limit_type.
-    """
-    import zoo
-    from zoo.engine.checkpoint import check_fits
-    from zoo.engine.evaluate_run import resolve_weights
-    from zoo.engine.run import build, seed_everything
-    from zoo.engine.runinfo import git_revision, write_json
-
-    ex = cfg.export
-    onnx_mode = _onnx_mode(ex.onnx)
-    if cfg.model.net.get("name") not in zoo.list_models():
-        raise ExportError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
-                          f"known: {', '.join(zoo.list_models())}")
-    seed_everything(cfg.seed)
-    model = build(cfg.model.net, "model.net")
-    source = "model initialisation" + (f" (pretrained={cfg.model.net.pretrained})"
-                                       if cfg.model.net.get("pretrained") else " (random)")
-    if cfg.get("weights"):
-        if not Path(str(cfg.weights)).exists():
-            raise ExportError(f"weights: {cfg.weights} does not exist (a run folder, .pdckpt or .pdparams)")
-        weights, source = resolve_weights(cfg.weights)
-        check_fits(model, weights, source, f"model {cfg.model.name}")
-        model.set_state_dict(weights)
-    task = cfg.model.task
-    target = str(task.get("_target_", ""))
-    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
-    if target.endswith("DBTask"):
-        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
-        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
-                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
-        shape, output = ex.input_shape or [-1, 3, -1, -1], "maps"
-    elif target.endswith("ClassificationTask"):
-        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
-        if not model_name:
-            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
-                              f"pass one, e.g. export.model_name=ResNet18")
-        size = int(cfg.data.builder.image_size)
-        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
-                                num_classes=cfg.data.get("num_classes"))
-        shape, output = ex.input_shape or [-1, 3, size, size], "probs"
-    else:
-        raise ExportError(f"model.task._target_: no export recipe for {target!r} "
-                          f"(known: zoo.tasks.DBTask, zoo.tasks.ClassificationTask)")
-    out_dir = Path(out_dir)
-    files = export_inference(model, out_dir, list(shape), yml, output)
-    onnx_path, onnx_msg = (None, "ONNX not requested (export.onnx=false)") if onnx_mode == "false" else \
-        export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true")
-    record = {"model": str(cfg.model.name), "paddlex_model_name": model_name, "weights": source,
-              "input_shape": [int(d) for d in shape], "output": output, "precision": "fp32",
-              "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,
-              "paddle_version": paddle.__version__, "git_revision": git_revision()}
-    write_json(out_dir / "export.json", record)
-    return record

@@ -61,9 +61,9 @@ def generate_anchors(feat_sizes, strides, grid_cell_scale=5.0, grid_cell_offset=
         anchors.append(paddle.concat([point - half, point + half], axis=-1))
         num_list.append(int(h) * int(w))
         strides_out.append(paddle.full([int(h) * int(w), 1], stride, dtype="float32"))
-    anchors, points, stride_tensor = (paddle.concat(t) for t in (anchors, points, strides_out))
-    for t in (anchors, points, stride_tensor):
-        t.stop_gradient = True
+    # Written out (no loop over the three tensors) so that paddle.jit's AST conversion can export it.
+    anchors, points, stride_tensor = paddle.concat(anchors), paddle.concat(points), paddle.concat(strides_out)
+    anchors.stop_gradient = points.stop_gradient = stride_tensor.stop_gradient = True
     return anchors, points, num_list, stride_tensor
 
 
@@ -94,6 +94,9 @@ def decode_distribution(reg_distri, anchor_points, stride_tensor, proj=None, reg
     points = anchor_points / stride_tensor
     boxes = paddle.concat([points - dist[..., :2], points + dist[..., 2:]], axis=-1)
     return boxes * stride_tensor
+
+
+_decode_distribution = decode_distribution
 
 
 class PPYOLOEHead(nn.Layer):
@@ -160,5 +163,6 @@ class PPYOLOEHead(nn.Layer):
 
     def decode_distribution(self, reg_distri, anchor_points, stride_tensor):
         """:func:`decode_distribution` with this head's ``proj_conv`` weights as the bin values."""
-        return decode_distribution(reg_distri, anchor_points, stride_tensor,
-                                   proj=self.proj_conv.weight.reshape([-1]), reg_max=self.reg_max)
+        # Through an alias: paddle.jit's AST conversion takes the same-named function for this method.
+        return _decode_distribution(reg_distri, anchor_points, stride_tensor,
+                                    proj=self.proj_conv.weight.reshape([-1]), reg_max=self.reg_max)

@@ -116,7 +116,11 @@ class CustomCSPPAN(nn.Layer):
             route = self.fpn_stages[i](block)
             fpn_feats.append(route)
             if i < self.num_blocks - 1:
-                route = F.interpolate(self.fpn_routes[i](route), scale_factor=2.0)
+                route = self.fpn_routes[i](route)
+                # Nearest x2 stated as an output size (the same values as scale_factor=2): paddle2onnx
+                # 2.1 cannot convert Paddle 3.3's float64 `scale` attribute (as zoo/models/necks/db_fpn.py).
+                shape = paddle.shape(route)
+                route = F.interpolate(route, size=[shape[2] * 2, shape[3] * 2], mode="nearest")
         pan_feats = [fpn_feats[-1]]
         route = fpn_feats[-1]
         for i in reversed(range(self.num_blocks - 1)):

@@ -1,0 +1,127 @@
+"""PP-YOLOE export in PaddleDetection's deploy layout: NMS in the graph, ``infer_cfg.yml`` beside it.
+
+What must match upstream, and where upstream says it (PaddleDetection, ``develop``):
+
+- inputs ``image`` [N, 3, S, S] and ``scale_factor`` [N, 2] (scale_y, scale_x = resized / original).
+  Upstream exports ``image``, ``im_shape`` and ``scale_factor`` and lets ``paddle.jit.save`` prune the
+  unused ones; a PP-YOLOE uses only ``image`` and ``scale_factor`` (``ppdet/engine/trainer.py``
+  ``_get_infer_cfg_and_input_spec``; ``ppdet/modeling/heads/ppyoloe_head.py`` ``post_process``).
+- outputs ``bbox`` [K, 6] = (class, score, x1, y1, x2, y2) in original-image pixels and
+  ``bbox_num`` [N] int32, in that order (``ppdet/modeling/architectures/yolo.py``; clients read
+  output 0 and 1: ``deploy/python/infer.py`` ``Detector.predict``).
+- NMS is Paddle's ``multiclass_nms3`` (``ppdet/modeling/ops.py``), ``normalized=True``,
+  ``nms_eta=1``, no background class (``ppdet/modeling/layers.py`` ``MultiClassNMS``).
+- ``infer_cfg.yml`` keys as ``ppdet/engine/export_utils.py`` ``_dump_infer_config``; ``arch: YOLO``
+  (upstream's PP-YOLOE configs use ``architecture: YOLOv3``), ``min_subgraph_size: 3``; Preprocess
+  from the TestReader (``configs/ppyoloe/_base_/ppyoloe_reader.yml``).
+
+One difference from upstream's graph, on purpose: boxes are clipped to the original image before
+NMS, as our evaluation (``zoo.tasks.PPYOLOETask.predict``) does, so that the export gives the boxes
+our mAP was measured with. PaddleX and PaddleDetection's clients clip after NMS anyway.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import paddle
+from paddle import nn
+
+__all__ = ["PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "ppyoloe_infer_cfg", "ppyoloe_model_name"]
+
+# paddlex 3.7.2 paddlex/modules/object_detection/model_list.py: the PP-YOLOE names whose predictor
+# feeds (image, scale_factor) only (object_detection/predictor.py build_to_batch). The name picks
+# client behaviour only; the network is ours.
+PPYOLOE_MODEL_NAMES = ("PP-YOLOE_plus-S", "PP-YOLOE_plus-M", "PP-YOLOE_plus-L", "PP-YOLOE_plus-X",
+                       "PP-YOLOE-S_human", "PP-YOLOE-L_human", "PP-YOLOE-S_vehicle", "PP-YOLOE-L_vehicle")
+NMS_KEYS = ("score_threshold", "nms_top_k", "keep_top_k", "nms_threshold")
+NMS_DEFAULTS = {"score_threshold": 0.01, "nms_top_k": 1000, "keep_top_k": 100, "nms_threshold": 0.7}
+
+
+def ppyoloe_model_name(model_name: str) -> str:
+    """PaddleX name for one of our PP-YOLOEs: ``ppyoloe_m`` -> ``PP-YOLOE_plus-M`` (tiny -> S)."""
+    size = {"s": "S", "m": "M", "l": "L", "x": "X"}.get(model_name.rsplit("_", 1)[-1], "S")
+    return f"PP-YOLOE_plus-{size}"
+
+
+def _nms_settings(nms: Mapping | None) -> dict:
+    from zoo.export.inference import ExportError
+
+    nms = dict(nms or {})
+    unknown = sorted(set(nms) - set(NMS_KEYS))
+    if unknown:
+        raise ExportError(f"model.task.nms: unknown keys {unknown}; known: {list(NMS_KEYS)}")
+    out = {**NMS_DEFAULTS, **nms}
+    return {"score_threshold": float(out["score_threshold"]), "nms_top_k": int(out["nms_top_k"]),
+            "keep_top_k": int(out["keep_top_k"]), "nms_threshold": float(out["nms_threshold"])}
+
+
+class PPYOLOEDeploy(nn.Layer):
+    """``forward(image, scale_factor) -> (bbox [K, 6], bbox_num [N])``, PaddleDetection's deploy graph.
+
+    ``net`` is a PP-YOLOE in eval mode (``boxes`` [N, A, 4] in input pixels, ``scores`` [N, C, A]);
+    boxes are divided by the scale factor, clipped to the original image (H / scale_y, W / scale_x)
+    and go through ``multiclass_nms3`` with ``nms`` (score_threshold, nms_top_k, keep_top_k,
+    nms_threshold). The output is grouped by class, as Paddle's op gives it.
+    """
+
+    def __init__(self, net: nn.Layer, nms: Mapping | None = None):
+        super().__init__()
+        self.net = net
+        self.nms = _nms_settings(nms)
+
+    def forward(self, image, scale_factor):
+        out = self.net(image)
+        boxes, scores = out["boxes"].astype("float32"), out["scores"].astype("float32")
+        scale_y, scale_x = paddle.split(scale_factor, 2, axis=-1)
+        boxes = boxes / paddle.concat([scale_x, scale_y, scale_x, scale_y], axis=-1).reshape([-1, 1, 4])
+        h = paddle.reciprocal(scale_y) * float(image.shape[2])  # original size = input size / scale
+        w = paddle.reciprocal(scale_x) * float(image.shape[3])
+        upper = paddle.concat([w, h, w, h], axis=-1).reshape([-1, 1, 4])
+        boxes = paddle.minimum(paddle.maximum(boxes, paddle.zeros_like(boxes)), upper)
+        n = self.nms
+        bbox, _index, bbox_num = paddle._C_ops.multiclass_nms3(
+            boxes, scores, None, n["score_threshold"], n["nms_top_k"], n["keep_top_k"], n["nms_threshold"],
+            True, 1.0, -1)
+        return bbox, bbox_num
+
+
+def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list: Sequence[str],
+                      nms: Mapping | None = None, draw_threshold: float = 0.5,
+                      model_name: str = "PP-YOLOE_plus-S", channel_order: str = "RGB") -> dict:
+    """``infer_cfg.yml`` content (PaddleDetection deploy / PaddleX ``inference.yml``) of a PP-YOLOE.
+
+    Preprocess is our eval transform (``zoo.data.det_box_transforms.BoxEvalTransform``): Resize to
+    [S, S] without keeping the ratio, cubic (interp 2); NormalizeImage on pixel / 255; Permute.
+    Both clients decode RGB, as our data does by default; a model trained on BGR is refused.
+    ``NMS`` records the settings the graph already applies (the clients do not run it again).
+    """
+    from zoo.export.inference import ExportError, _floats
+
+    if channel_order != "RGB":
+        raise ExportError(f"data.builder.channel_order: {channel_order!r}, but PaddleDetection's and PaddleX's "
+                          "detection clients decode RGB; export a model trained on RGB")
+    if model_name not in PPYOLOE_MODEL_NAMES:
+        raise ExportError(f"export.model_name: {model_name!r} is not a PaddleX PP-YOLOE name; "
+                          f"known: {', '.join(PPYOLOE_MODEL_NAMES)}")
+    if int(eval_size) <= 0 or int(eval_size) % 32:
+        raise ExportError(f"data.builder.eval_size: PP-YOLOE needs a positive multiple of 32, got {eval_size}")
+    if not 0.0 <= float(draw_threshold) <= 1.0:
+        raise ExportError(f"export.draw_threshold: expected a score in [0, 1], got {draw_threshold}")
+    size = int(eval_size)
+    return {
+        "mode": "paddle",
+        "draw_threshold": float(draw_threshold),
+        "metric": "COCO",
+        "use_dynamic_shape": False,
+        "Global": {"model_name": model_name},
+        "arch": "YOLO",
+        "min_subgraph_size": 3,
+        "Preprocess": [
+            {"type": "Resize", "interp": 2, "keep_ratio": False, "target_size": [size, size]},
+            {"type": "NormalizeImage", "is_scale": True, "mean": _floats(mean, "mean"), "std": _floats(std, "std")},
+            {"type": "Permute"},
+        ],
+        "label_list": [str(name) for name in label_list],
+        "NMS": {"name": "MultiClassNMS", **_nms_settings(nms), "nms_eta": 1.0, "background_label": -1,
+                "normalized": True, "in_graph": True},
+    }

@@ -1,0 +1,163 @@
+"""``tools/export.py``'s body: from the composed config to the export files and ``export.json``.
+
+Which exporter a model gets follows its task: DB -> :func:`~zoo.export.inference.export_inference`
+(shrink map), classification -> the same (softmax probabilities), PP-YOLOE ->
+:func:`~zoo.export.inference.export_ppyoloe` (NMS in the graph). Options: configs/export.yaml.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import paddle
+
+from zoo.export.inference import (
+    DEFAULT_DET_MODEL_NAME,
+    INFERENCE_PREFIX,
+    LAYOUTS,
+    ExportError,
+    cls_inference_yml,
+    db_inference_yml,
+    export_inference,
+    export_onnx,
+    export_ppyoloe,
+    paddlex_cls_name,
+)
+
+__all__ = ["export_from_config", "saved_dtypes"]
+
+
+def _onnx_mode(value) -> str:
+    mode = str(value).lower()  # YAML true/false arrive as bools; str(True).lower() == "true"
+    if mode not in ("auto", "true", "false"):
+        raise ExportError(f"export.onnx: expected auto, true or false, got {value!r}")
+    return mode
+
+
+def _layout(value, allowed: tuple[str, ...], default: str) -> str:
+    layout = default if value in (None, "auto") else str(value)
+    if layout not in allowed:
+        raise ExportError(f"export.layout: expected auto or {' or '.join(allowed)} for this model, got {value!r}")
+    return layout
+
+
+def _ppyoloe_labels(cfg, builder, num_classes: int) -> list[str]:
+    """``export.label_list``, else the class names of the data the model was trained on."""
+    labels = cfg.export.get("label_list")
+    if labels is None:
+        try:
+            labels = builder.class_names
+        except (OSError, ValueError) as e:
+            raise ExportError(f"export.label_list: not given, and the class names of data={cfg.data.name} "
+                              f"cannot be read ({e}); pass export.label_list=[name, ...]") from None
+    labels = [str(name) for name in labels]
+    if len(labels) != num_classes:
+        raise ExportError(f"export.label_list: {len(labels)} names for a model of {num_classes} classes")
+    return labels
+
+
+def _ppyoloe_export(cfg, model, out_dir: Path, precision: str):
+    """PP-YOLOE: preprocessing read off the data's eval transform, labels, NMS from model.task.nms."""
+    from zoo.engine.run import build
+    from zoo.export.detection import ppyoloe_infer_cfg, ppyoloe_model_name
+
+    ex = cfg.export
+    layout = _layout(ex.get("layout"), tuple(LAYOUTS), "paddledetection")
+    builder = build(cfg.data.builder, "data.builder")
+    evt = builder.eval_transform  # what our evaluation feeds the network (BoxEvalTransform)
+    model_name = ex.model_name or ppyoloe_model_name(str(cfg.model.name))
+    labels = _ppyoloe_labels(cfg, builder, int(cfg.model.task.num_classes))
+    nms = dict(cfg.model.task.get("nms") or {})
+    infer_cfg = ppyoloe_infer_cfg(evt.eval_size, evt.mean, evt.std, labels, nms, ex.get("draw_threshold", 0.5),
+                                  model_name, "BGR" if evt.bgr else "RGB")
+    if ex.input_shape is not None:
+        raise ExportError(f"export.input_shape: PP-YOLOE's is [-1, 3, S, S] with S = data.builder.eval_size "
+                          f"({evt.eval_size}), got {list(ex.input_shape)}; set data.builder.eval_size instead")
+    files = export_ppyoloe(model, out_dir, evt.eval_size, infer_cfg, nms, layout, precision)
+    return files, model_name, [-1, 3, evt.eval_size, evt.eval_size], "bbox, bbox_num", LAYOUTS[layout][0], layout
+
+
+def saved_dtypes(prefix_path: Path) -> dict[str, int]:
+    """How many saved tensors (parameters and BatchNorm statistics) of each dtype ``<prefix>.*`` holds."""
+    state = paddle.jit.load(str(prefix_path)).state_dict()
+    counts: dict[str, int] = {}
+    for v in state.values():
+        name = str(v.dtype).replace("paddle.", "")
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def export_from_config(cfg, out_dir) -> dict:
+    """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, export; returns the export record.
+
+    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
+    model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
+    input_shape, precision, layout, onnx (auto|true|false), opset, model_name, limit_side_len,
+    limit_type, label_list, draw_threshold (configs/export.yaml).
+    """
+    import zoo
+    from zoo.engine.checkpoint import check_fits
+    from zoo.engine.evaluate_run import resolve_weights
+    from zoo.engine.run import build, seed_everything
+    from zoo.engine.runinfo import git_revision, write_json
+    from zoo.export.precision import check_precision
+
+    ex = cfg.export
+    onnx_mode = _onnx_mode(ex.onnx)
+    precision = check_precision(ex.get("precision", "fp32"))
+    if cfg.model.net.get("name") not in zoo.list_models():
+        raise ExportError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
+                          f"known: {', '.join(zoo.list_models())}")
+    seed_everything(cfg.seed)
+    model = build(cfg.model.net, "model.net")
+    source = "model initialisation" + (f" (pretrained={cfg.model.net.pretrained})"
+                                       if cfg.model.net.get("pretrained") else " (random)")
+    if cfg.get("weights"):
+        if not Path(str(cfg.weights)).exists():
+            raise ExportError(f"weights: {cfg.weights} does not exist (a run folder, .pdckpt or .pdparams)")
+        weights, source = resolve_weights(cfg.weights)
+        check_fits(model, weights, source, f"model {cfg.model.name}")
+        model.set_state_dict(weights)
+    task = cfg.model.task
+    target = str(task.get("_target_", ""))
+    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
+    out_dir = Path(out_dir)
+    prefix, layout = INFERENCE_PREFIX, "paddlex"
+    if target.endswith("DBTask"):
+        _layout(ex.get("layout"), ("paddlex",), "paddlex")
+        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
+        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
+                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
+        shape, output = ex.input_shape or [-1, 3, -1, -1], "maps"
+        files = export_inference(model, out_dir, list(shape), yml, output, precision)
+    elif target.endswith("ClassificationTask"):
+        _layout(ex.get("layout"), ("paddlex",), "paddlex")
+        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
+        if not model_name:
+            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
+                              f"pass one, e.g. export.model_name=ResNet18")
+        size = int(cfg.data.builder.image_size)
+        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
+                                num_classes=cfg.data.get("num_classes"))
+        shape, output = ex.input_shape or [-1, 3, size, size], "probs"
+        files = export_inference(model, out_dir, list(shape), yml, output, precision)
+    elif target.endswith("PPYOLOETask"):
+        files, model_name, shape, output, prefix, layout = _ppyoloe_export(cfg, model, out_dir, precision)
+    else:
+        raise ExportError(f"model.task._target_: no export recipe for {target!r} (known: zoo.tasks.DBTask, "
+                          f"zoo.tasks.ClassificationTask, zoo.tasks.PPYOLOETask)")
+    if onnx_mode == "false":
+        onnx_path, onnx_msg = None, "ONNX not requested (export.onnx=false)"
+    elif precision == "bf16":  # paddle2onnx 2.1.0 writes one, but ONNX's Conv has no bf16 type
+        if onnx_mode == "true":
+            raise ExportError("export.onnx=true: no ONNX for export.precision=bf16 (ONNX's Conv takes no "
+                              "bfloat16; onnxruntime rejects the model paddle2onnx writes)")
+        onnx_path, onnx_msg = None, "ONNX skipped: ONNX's Conv takes no bfloat16 (export.precision=bf16)"
+    else:
+        onnx_path, onnx_msg = export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true", prefix=prefix)
+    record = {"model": str(cfg.model.name), "paddlex_model_name": model_name, "weights": source, "layout": layout,
+              "input_shape": [int(d) for d in shape], "output": output, "precision": precision,
+              "saved_dtypes": saved_dtypes(out_dir / prefix),
+              "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,
+              "paddle_version": paddle.__version__, "git_revision": git_revision()}
+    write_json(out_dir / "export.json", record)
+    return record
