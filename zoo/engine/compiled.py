@@ -1,0 +1,62 @@
+"""``trainer.compile``: the training forward and loss under ``paddle.jit.to_static``.
+
+What is compiled is the function the loop calls between the optimizer steps' bookkeeping: the
+autocast context, the model's forward and the task's loss (``task.losses``). Backward, the loss
+scaler and the optimizer step stay in dygraph: Paddle's to_static builds the backward of a
+compiled forward itself (its ``run_program`` op has a gradient), while GradScaler's unscale/skip
+logic and our numerics guard read values on the host between the calls, so putting them in the
+graph would break it at every read. The autocast context is entered *inside* the compiled function,
+which is how Paddle's dy2static applies AMP on a GPU (``auto_cast`` is converted with the graph).
+
+Two combinations are refused before training, in one line naming the keys:
+
+- the CPU fp16/bf16 emulation (``amp.on_unsupported=emulate``, zoo/amp/emulation.py): it wraps
+  Paddle ops in Python and tags tensors with attributes; under to_static (SOT and AST modes alike,
+  Paddle 3.3.1) those wrappers are not what the graph records, and the run computes plain FP32
+  while saying fp16 (checked: the losses equal the FP32 run's to the last bit);
+- ``amp.guard.find_nonfinite_layer=true``: its forward hooks read every layer's output on the host.
+"""
+from __future__ import annotations
+
+import paddle
+
+
+# What trainer.compile=true puts under paddle.jit.to_static (recorded in summary.json).
+COMPILED_SCOPE = "autocast + forward + loss (paddle.jit.to_static, SOT); backward and optimizer step eager"
+
+
+class CompileUnsupportedError(ValueError):
+    """``trainer.compile=true`` with a setting that cannot run compiled; the message names both keys."""
+
+
+def check_compile(compile: bool, amp, device_name: str) -> None:
+    """Refuse ``trainer.compile=true`` where it would silently change what the run computes.
+
+    ``amp`` is the resolved Amp component (``amp.resolve(device)`` called).
+    """
+    if not compile:
+        return
+    if amp.emulated:
+        raise CompileUnsupportedError(
+            f"trainer.compile=true cannot run with amp={amp.name} on {device_name}: the run would use the "
+            f"CPU {amp.requested} emulation (amp.on_unsupported=emulate), which does not survive "
+            "paddle.jit.to_static (it would silently compute FP32); set trainer.compile=false, or "
+            "amp=fp32 / amp.on_unsupported=fp32 to compile an FP32 run")
+    if amp.guard.find_layer:
+        raise CompileUnsupportedError(
+            "trainer.compile=true cannot run with amp.guard.find_nonfinite_layer=true (its forward hooks "
+            "read each layer's output on the host); set one of them to false")
+
+
+def training_forward(task, model, amp, compile: bool):
+    """``batch -> loss dict``: autocast + forward + loss, compiled with to_static if ``compile``."""
+
+    def forward_losses(batch):
+        with amp.autocast():
+            return task.losses(model, batch)
+
+    if not compile:
+        return forward_losses
+    # full_graph=False: SOT, which falls back to Python where a task does something the graph
+    # cannot hold (a host read in a target assigner) instead of failing the run.
+    return paddle.jit.to_static(forward_losses, full_graph=False)
