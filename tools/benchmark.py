@@ -128,6 +128,7 @@ def main() -> None:
     over = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress=false",
             f"trainer.max_steps={args.warmup + args.steps + 1}", "trainer.ckpt_every=1000000",
             "optim.optimizer.multi_precision=false", "trainer.eval_precision=train",
+            "trainer.final_eval=false",  # timing runs: the evaluation after the last step is not timed anyway
             *args.overrides]
     if args.against == "eager":  # last, so the two arms differ in trainer.compile whatever was passed
         over = [*over, "trainer.compile=true"]
