@@ -64,13 +64,14 @@ def test_compile_with_cpu_emulation_is_refused(model, tmp_path):
 
 
 @pytest.mark.slow
-def test_refusal_is_needed_emulation_does_not_survive_to_static(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_refusal_is_needed_emulation_does_not_survive_to_static(name, tmp_path, monkeypatch):
     """Why the refusal exists: with the check switched off, the compiled 'O1' run computes FP32.
 
     If a future Paddle keeps the emulation's Python wrappers in the graph, this fails: then compare
     compiled O1 with eager O1 instead and lift the refusal in zoo/engine/compiled.py.
     """
-    model = MODELS["resnet_tiny"]
+    model = MODELS[name]
     eager_o1, _ = _losses(tmp_path, "eager_o1", *model, "amp=O1")
     fp32, _ = _losses(tmp_path, "fp32", *model, "amp=fp32")
     monkeypatch.setattr(run_mod, "check_compile", lambda *a, **k: None)
