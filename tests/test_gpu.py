@@ -114,14 +114,16 @@ def test_auto_cast_output_dtypes_o2():
     _skip_unless_supported("O2")
     net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3), paddle.nn.BatchNorm2D(8))
     opt = paddle.optimizer.Adam(parameters=net.parameters())
-    amp = Amp(name="O2", enabled=True, level="O2")
+    # a recipe's custom_black_list reaches Paddle: softmax forced to fp32 at O2
+    amp = Amp(name="O2", enabled=True, level="O2", custom_black_list=["softmax"], init_loss_scaling=1024.0)
     net, opt = amp.setup(net, opt, current_device())
     with amp.autocast():
-        y = net(paddle.randn([2, 3, 16, 16]))
-        s = F.softmax(y.flatten(1), axis=-1)               # O2: follows its fp16 input
-        up = F.interpolate(y, scale_factor=2, mode="bilinear")  # O2 black list: fp32
-    assert y.dtype == paddle.float16 and s.dtype == paddle.float16
-    assert up.dtype == paddle.float32
+        y = net[0](paddle.randn([2, 3, 16, 16]))  # decorated fp16 conv: fp16
+        z = net[1](y)                              # BatchNorm (kept fp32) on an fp16 input: fp16
+        s = F.softmax(z.flatten(1), axis=-1)       # black-listed by the recipe: fp32
+    assert net[0].weight.dtype == paddle.float16 and net[1].weight.dtype == paddle.float32
+    assert y.dtype == paddle.float16 and z.dtype == paddle.float16
+    assert s.dtype == paddle.float32
 
 
 def test_decorate_o2_master_weights_and_fp32_save_dtype():
@@ -129,7 +131,7 @@ def test_decorate_o2_master_weights_and_fp32_save_dtype():
     net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3), paddle.nn.BatchNorm2D(8), paddle.nn.Flatten(),
                                paddle.nn.Linear(8 * 14 * 14, 4))
     opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=net.parameters(), multi_precision=True)
-    amp = Amp(name="O2", enabled=True, level="O2", master_weight=True)
+    amp = Amp(name="O2", enabled=True, level="O2", master_weight=True, init_loss_scaling=1024.0)
     net, opt = amp.setup(net, opt, current_device())
     conv, bn, linear = net[0], net[1], net[3]
     assert conv.weight.dtype == paddle.float16 and linear.weight.dtype == paddle.float16
