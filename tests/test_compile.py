@@ -118,3 +118,37 @@ def test_cli_refuses_compile_with_emulation_in_one_line(tmp_path, ampzoo_home):
     assert out.returncode == 2, out.stderr[-2000:]
     lines = [ln for ln in out.stderr.splitlines() if "trainer.compile=true" in ln]
     assert len(lines) == 1 and "amp.on_unsupported=emulate" in lines[0], out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_compiled_run_with_evaluations_resumes_exactly(tmp_path, monkeypatch):
+    """Evaluations switch the model to eval mode and back between compiled steps, and a resume
+    loads weights into the parameters the compiled graph holds: neither may change the numbers."""
+    from zoo.engine.trainer import Trainer
+
+    over = [*FAST, *MODELS["resnet_tiny"], "amp=fp32", "trainer.eval_every=3", "trainer.ckpt_every=3",
+            "trainer.max_steps=6", "trainer.compile=true"]
+    eager = train(compose([*over, "trainer.compile=false"]), tmp_path / "eager", announce_folder=False)
+    full = train(compose(over), tmp_path / "full", announce_folder=False)
+    real_step = Trainer.train_step
+
+    def dies_at_5(self, batch):  # killed during step 5, after the checkpoint of step 3
+        if self.step == 4:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", dies_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(compose(over), tmp_path / "split", announce_folder=False)
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    resumed = train(compose([*over, "trainer.resume=auto"]), tmp_path / "split", announce_folder=False)
+    assert resumed["resumed_from"] and resumed["steps"] == 6
+
+    def losses(d):
+        return [r["loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl", "train")]
+
+    assert len(losses("full")) == 6
+    assert losses("split") == losses("full") == losses("eager")
+    assert resumed["param_digests"] == full["param_digests"] == eager["param_digests"]
+    evals = [r["top1"] for r in read_metrics(tmp_path / "full" / "metrics.jsonl", "eval")]
+    assert evals == [r["top1"] for r in read_metrics(tmp_path / "eager" / "metrics.jsonl", "eval")]
