@@ -1,12 +1,17 @@
 """``trainer.compile``: the training forward and loss under ``paddle.jit.to_static``.
 
-What is compiled is the function the loop calls between the optimizer steps' bookkeeping: the
-autocast context, the model's forward and the task's loss (``task.losses``). Backward, the loss
-scaler and the optimizer step stay in dygraph: Paddle's to_static builds the backward of a
-compiled forward itself (its ``run_program`` op has a gradient), while GradScaler's unscale/skip
-logic and our numerics guard read values on the host between the calls, so putting them in the
-graph would break it at every read. The autocast context is entered *inside* the compiled function,
-which is how Paddle's dy2static applies AMP on a GPU (``auto_cast`` is converted with the graph).
+What is compiled is the function the loop calls before backward: the autocast context, the model's
+forward and the task's loss (``task.losses``), in SOT mode (``full_graph=False``). What SOT made of
+it in Paddle 3.3.1 on this CPU (``SOT_LOG_LEVEL=3``): SOT has no handler for ``with`` statements, so
+the frame holding the autocast context runs as Python and the frames it calls are translated and
+compiled, once, then reused from SOT's cache: resnet's forward whole; DB's model forward and loss
+frames, with one graph break at DBLoss's ``auto_cast(enable=False)`` block. Those compiled
+frames run under whatever AMP state the tracer holds (real ``auto_cast`` on a GPU).
+
+Backward, the loss scaler and the optimizer step stay in dygraph: Paddle builds the backward of the
+compiled forward itself, and SOT breaks the graph at ``loss.backward()`` and inside
+``optimizer.step()`` anyway (checked: a whole step under to_static gives ``[BreakGraph]`` there), so
+compiling the whole step would compile nothing more while hiding GradScaler's host reads.
 
 Two combinations are refused before training, in one line naming the keys:
 
