@@ -62,6 +62,6 @@ def training_forward(task, model, amp, compile: bool):
 
     if not compile:
         return forward_losses
-    # full_graph=False: SOT, which falls back to Python where a task does something the graph
-    # cannot hold (a host read in a target assigner) instead of failing the run.
+    # full_graph=False: SOT, which runs as Python what it cannot translate (a with-block) and
+    # compiles the rest, instead of failing the run as the AST mode would.
     return paddle.jit.to_static(forward_losses, full_graph=False)
