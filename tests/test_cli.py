@@ -86,10 +86,10 @@ def test_sweep_without_sweep_dir_puts_all_jobs_in_one_stamped_folder_the_report_
 
 
 @pytest.mark.slow
-def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
+def test_benchmark_tool_runs_every_comparison(tmp_path, ampzoo_home):
     small = [o for o in TINY if not o.startswith("trainer.max_steps")]
     env = {"AMPZOO_HOME": str(ampzoo_home)}
-    for extra in (["--against", "bare"], ["--against", "fp32", "amp=O1"]):
+    for extra in (["--against", "bare"], ["--against", "fp32", "amp=O1"], ["--against", "eager"]):
         out_json = tmp_path / "bench.json"
         out = run_tool(["tools/benchmark.py", "--steps", "2", "--warmup", "1", "--repeats", "1",
                         "--out", str(out_json), *extra[:2], *small, *extra[2:]], ROOT, env)
@@ -98,3 +98,6 @@ def test_benchmark_tool_runs_both_comparisons(tmp_path, ampzoo_home):
         assert result["images_per_s"] > 0 and result["reference_images_per_s"] > 0
         assert ("ratio" in result) == (extra[1] == "bare")
         assert "run folder" not in out.stdout  # its runs live in deleted temporary folders
+        assert result["compiled"] is (extra[1] == "eager")
+        if extra[1] == "eager":
+            assert "compiled/eager step time ratio" in out.stdout and result["step_time_ratio"] > 0

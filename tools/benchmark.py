@@ -2,6 +2,7 @@
 
     python tools/benchmark.py --steps 30 --warmup 5 model=resnet18            # engine vs bare loop
     python tools/benchmark.py --against fp32 --steps 20 model=db_det amp=O1  # AMP step time vs FP32
+    python tools/benchmark.py --against eager --steps 10 model=resnet18      # trainer.compile vs eager
 
 ``--against bare`` (default): the zoo's training loop against a bare Paddle loop.
 
@@ -11,8 +12,11 @@ clear_grad and reading the loss, nothing else. Throughput is images per wall-clo
 steps after the warm-up, data loading included.
 
 ``--against fp32``: the engine with the configured ``amp`` against the same run with ``amp=fp32``;
-on a CPU that measures the cost of emulation. Everything after the flags is a Hydra override of
-configs/train.yaml.
+on a CPU that measures the cost of emulation. ``--against eager``: the engine with
+``trainer.compile=true`` (paddle.jit.to_static around autocast + forward + loss) against the same run
+with ``trainer.compile=false``; the warm-up steps absorb the tracing. All comparisons alternate the two
+runs in one process and report the ratio of medians. Everything after the flags is a Hydra override
+of configs/train.yaml.
 
 ``--pipeline``: the input pipeline alone, ms per image per stage and images/s per core, medians over
 ``--passes`` passes over the first ``--images`` training images (pin it: ``taskset -c 1`` with
@@ -95,7 +99,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of both loops")
     ap.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     ap.add_argument("--against", nargs="+", default=["bare"], metavar="WHAT",
-                    help="bare (a bare Paddle loop) | fp32 (AMP against FP32) | with --pipeline: "
+                    help="bare (a bare Paddle loop) | fp32 (AMP against FP32) | eager (trainer.compile=true "
+                         "against false) | with --pipeline: "
                          "paddleocr PATH_TO_PADDLEOCR_SOURCE")
     ap.add_argument("--pipeline", action="store_true", help="time the input pipeline alone, per stage")
     ap.add_argument("--images", type=int, default=200, help="--pipeline: training images per pass")
@@ -116,16 +121,21 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
         return
-    if len(args.against) != 1 or args.against[0] not in ("bare", "fp32"):
-        ap.error(f"--against: expected bare or fp32 (paddleocr PATH needs --pipeline), got {' '.join(args.against)}")
+    if len(args.against) != 1 or args.against[0] not in ("bare", "fp32", "eager"):
+        ap.error(f"--against: expected bare, fp32 or eager (paddleocr PATH needs --pipeline), got "
+                 f"{' '.join(args.against)}")
     args.against = args.against[0]
     over = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress=false",
             f"trainer.max_steps={args.warmup + args.steps + 1}", "trainer.ckpt_every=1000000",
             "optim.optimizer.multi_precision=false", "trainer.eval_precision=train",
+            "trainer.final_eval=false",  # timing runs: the evaluation after the last step is not timed anyway
             *args.overrides]
+    if args.against == "eager":  # last, so the two arms differ in trainer.compile whatever was passed
+        over = [*over, "trainer.compile=true"]
+    reference = {"fp32": ["amp=fp32"], "eager": ["trainer.compile=false"]}.get(args.against, [])
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
-        ref_cfg = compose(config_name="train", overrides=[*over, "amp=fp32"])
+        ref_cfg = compose(config_name="train", overrides=[*over, *reference])
     a_runs, b_runs = [], []
     for _ in range(args.repeats):  # alternate, so drift in machine load hits both alike
         if args.against == "bare":
@@ -136,7 +146,8 @@ def main() -> None:
     a, b = float(np.median(a_runs)), float(np.median(b_runs))
     result = {"model": cfg.model.name, "data": cfg.data.name, "batch_size": cfg.model.batch_size,
               "amp": cfg.amp.name, "against": args.against, "steps": args.steps, "warmup": args.warmup,
-              "repeats": args.repeats, "images_per_s": a, "reference_images_per_s": b, "runs": a_runs,
+              "repeats": args.repeats, "compiled": bool(cfg.trainer.compile), "images_per_s": a,
+              "reference_images_per_s": b, "runs": a_runs,
               "reference_runs": b_runs, "device": paddle.device.get_device(),
               "paddle_version": paddle.__version__}
     if args.against == "bare":
@@ -144,6 +155,11 @@ def main() -> None:
         print(f"{cfg.model.name} batch {cfg.model.batch_size}: engine {a:.1f} img/s, bare loop {b:.1f} img/s, "
               f"ratio {result['ratio']:.3f} (median of {args.repeats}, {args.steps} steps after "
               f"{args.warmup} warm-up)")
+    elif args.against == "eager":
+        result["step_time_ratio"] = b / a
+        print(f"{cfg.model.name} batch {cfg.model.batch_size} amp={cfg.amp.name}: compiled {a:.2f} img/s, eager "
+              f"{b:.2f} img/s, compiled/eager step time ratio {result['step_time_ratio']:.3f} (median of "
+              f"{args.repeats}, {args.steps} steps after {args.warmup} warm-up)")
     else:
         result["step_time_ratio"] = b / a
         print(f"{cfg.model.name} batch {cfg.model.batch_size}: amp={cfg.amp.name} {a:.2f} img/s, fp32 {b:.2f} img/s, "

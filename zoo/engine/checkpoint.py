@@ -63,6 +63,7 @@ SAFE_TO_CHANGE_ON_RESUME = (
     "trainer.resume", "trainer.resume_allow_changes", "trainer.log_every", "trainer.eval_every",
     "trainer.ckpt_every", "trainer.progress", "trainer.num_workers", "trainer.draw_samples",
     "trainer.max_steps", "trainer.epochs", "trainer.final_eval", "model.eval_batch_size",
+    "trainer.compile",
 )
 
 

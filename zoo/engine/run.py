@@ -24,6 +24,7 @@ import zoo
 from zoo.amp import current_device
 from zoo.engine import distributed as dist
 from zoo.engine import final_eval, provenance
+from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
@@ -139,6 +140,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     seed_everything(cfg.seed)
     dist.init()
     device = current_device()
+    amp.resolve(device)  # again in amp.setup; here so a refused combination fails before data is built
+    check_compile(settings.compile, amp, device.name)
     train_set, val_set, data_report = build_data(cfg)
     names = getattr(val_set, "class_names", None)  # detection sets know their classes
     if names and "num_classes" in cfg.data and len(names) != int(cfg.data.num_classes):
@@ -219,6 +222,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "status": "completed", "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "requested_precision": amp.requested, "effective_precision": amp.effective,
         "precision_reason": amp.reason, "device": info["device"], "world_size": dist.world_size(),
+        "compiled": trainer.s.compile, "compiled_scope": COMPILED_SCOPE if trainer.s.compile else None,
         "batch_size_per_rank": cfg.model.batch_size,
         "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": info["lr"],
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],

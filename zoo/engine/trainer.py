@@ -21,6 +21,7 @@ from zoo.amp.guard import NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine import distributed as dist
+from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequests, TrainingInterrupted
@@ -49,6 +50,7 @@ class TrainerSettings:
     num_workers: int = 0
     draw_samples: int = 0
     final_eval: bool = True
+    compile: bool = False
 
     def __post_init__(self):
         def integer(key: str, minimum: int, what: str) -> None:
@@ -61,8 +63,9 @@ class TrainerSettings:
         integer("eval_every", 0, "an integer >= 0 (0 = only at the end)")
         integer("num_workers", 0, "an integer >= 0 (0 = load in the main process)")
         integer("draw_samples", 0, "an integer >= 0")
-        if not isinstance(self.final_eval, bool):
-            raise ValueError(f"trainer.final_eval: expected true or false, got {self.final_eval!r}")
+        for key in ("final_eval", "compile"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"trainer.{key}: expected true or false, got {getattr(self, key)!r}")
         e = self.epochs
         if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float)) or e <= 0):
             raise ValueError(f"trainer.epochs: expected a positive number or null, got {e!r}")
@@ -91,6 +94,8 @@ class Trainer:
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
         self.resume_changes: dict | None = None  # settings that differ from the resumed checkpoint's
+        # autocast + forward + loss; paddle.jit.to_static around it when trainer.compile=true
+        self.forward_losses = training_forward(task, model, amp, settings.compile)
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -232,8 +237,7 @@ class Trainer:
         the parameters whose gradients were non-finite.
         """
         self.amp.guard.before_step()
-        with self.amp.autocast():
-            losses = self.task.losses(self.model, batch)
+        losses = self.forward_losses(batch)  # under amp.autocast(), compiled or not
         self.amp.backward(losses["loss"])
         stepped = self.amp.step(self.optimizer)
         bad = [] if stepped else nonfinite_grads(dist.unwrap(self.model))
