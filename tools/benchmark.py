@@ -27,6 +27,15 @@ otherwise the comparison is skipped, saying why)::
 
     taskset -c 1 env OMP_NUM_THREADS=1 python tools/benchmark.py --pipeline model=db_det \
         data.builder.image_size=[720,1280] data.builder.crop_size=640 --against paddleocr ~/PaddleOCR
+
+``--train-against paddleocr PATH``: whole training runs, the zoo's ``tools/train.py model=db_det
+amp=fp32 trainer.final_eval=false trainer.max_steps=N`` against PaddleOCR's own ``tools/train.py``
+(det_mv3_db.yml with the zoo's crop and batch) on the same synthetic_text images, ``--steps N``,
+alternating the two commands ``--repeats`` times, OMP_NUM_THREADS=1, training img/s after
+``--warmup`` steps and whole-command wall time (zoo/data/paddleocr_train_bench.py says how)::
+
+    AMPZOO_PADDLEOCR_PYTHON=/tmp/pocr_venv/bin/python python tools/benchmark.py --train-against \
+        paddleocr /tmp/paddleocr_src --steps 16 --warmup 2 --repeats 2
 """
 from __future__ import annotations
 
@@ -92,6 +101,15 @@ def pipeline_benchmark(args, overrides: list[str]) -> dict:
     return pipeline_bench.run(cfg, train_set, args.images, args.passes, args.against, args.workers)
 
 
+def train_against_benchmark(args) -> dict:
+    """``--train-against paddleocr PATH``: see zoo/data/paddleocr_train_bench.py."""
+    from zoo.data import paddleocr_train_bench, pipeline_bench
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="ampzoo_pocr_train_"))
+    return paddleocr_train_bench.run(_entry.CONFIG_DIR, Path(args.train_against[1]), pipeline_bench.default_python(),
+                                     work, args.overrides, args.steps, args.warmup, args.repeats)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per loop")
@@ -107,11 +125,27 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5, help="--pipeline: timed passes (alternated)")
     ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="--pipeline: also the loader's images/s with these trainer.num_workers, e.g. 0,1,2")
+    ap.add_argument("--train-against", nargs="+", default=None, metavar="WHAT",
+                    help="paddleocr PATH_TO_PADDLEOCR_SOURCE: db_det training img/s against PaddleOCR's "
+                         "tools/train.py (--steps, --warmup, --repeats; $AMPZOO_PADDLEOCR_PYTHON)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="--train-against: folder for the data lists, config, logs (default a new temp folder)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=resnet18")
     args = ap.parse_args()
     # nargs="+" also swallows the Hydra overrides written after --against paddleocr PATH
     args.overrides = [a for a in args.against if "=" in a] + args.overrides
     args.against = [a for a in args.against if "=" not in a]
+    if args.train_against is not None:
+        args.overrides = [a for a in args.train_against if "=" in a] + args.overrides
+        args.train_against = [a for a in args.train_against if "=" not in a]
+        if len(args.train_against) != 2 or args.train_against[0] != "paddleocr":
+            ap.error("--train-against: expected paddleocr PATH_TO_PADDLEOCR_SOURCE")
+        if args.pipeline or args.against != ["bare"]:
+            ap.error("--train-against runs alone (not with --pipeline or --against)")
+        result = train_against_benchmark(args)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
     if args.pipeline:
         if args.against == ["bare"]:
             args.against = []
