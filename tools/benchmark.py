@@ -142,6 +142,9 @@ def main() -> None:
             ap.error("--train-against: expected paddleocr PATH_TO_PADDLEOCR_SOURCE")
         if args.pipeline or args.against != ["bare"]:
             ap.error("--train-against runs alone (not with --pipeline or --against)")
+        if not (Path(args.train_against[1]).expanduser() / "tools" / "train.py").is_file():
+            ap.error(f"--train-against paddleocr: {args.train_against[1]} is not a PaddleOCR source tree "
+                     "(no tools/train.py)")
         result = train_against_benchmark(args)
         if args.out:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
