@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -200,9 +201,7 @@ def run(config_dir: str, source: Path, python: str, work: Path, overrides: list[
     for rep in range(repeats):
         for side in ("zoo", "paddleocr"):
             run_dir = work / ("zoo_run" if side == "zoo" else "paddleocr_output")
-            if run_dir.exists():
-                import shutil
-
+            if run_dir.exists():  # each round starts clean (PaddleOCR's log appends)
                 shutil.rmtree(run_dir)
             wall, proc = _run(commands[side], ROOT if side == "zoo" else work, work / f"{side}_{rep}.log")
             if side == "zoo":
