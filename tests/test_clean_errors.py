@@ -30,6 +30,7 @@ def _run(cfg, out_dir, capsys):
     ([*TINY, "trainer.num_workers=-1"], "error: trainer.num_workers: expected an integer >= 0"),
     ([*TINY, "trainer.max_steps=abc"], "error: trainer.max_steps: expected a positive integer, got 'abc'"),
     ([*TINY, "trainer.epochs=soon"], "error: trainer.epochs: expected a positive number or null"),
+    (["model=db_det", "data.builder.keep_freed_memory=lots"], "error: data.builder.keep_freed_memory: expected true"),
 ])
 def test_bad_values_are_one_line_with_status_2(tmp_path, capsys, overrides, expect):
     status, err = _run(compose(overrides), tmp_path / "run", capsys)

@@ -60,3 +60,20 @@ def test_paddleocr_worker_times_every_stage(tmp_path):
     assert w.ok, w.reason
     assert set(w.run()) == set(pb.DB_STAGES)
     w.close()
+
+
+def test_pipeline_ab_alternates_two_arms():
+    """tools/pipeline_ab.py: two child processes (per-process settings such as keep_freed_memory)."""
+    r = run_tool(["tools/pipeline_ab.py", "--passes", "2", "--images", "4",
+                  "--a", "data.builder.keep_freed_memory=true", "--b", "data.builder.keep_freed_memory=false",
+                  "model=db_det", "data.builder.num_train=8", "data.builder.num_val=2"], cwd=ROOT,
+                 env_extra={"PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "A: data.builder.keep_freed_memory=true" in r.stdout and "medians of 2 passes of 4 images" in r.stdout
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()[3:]}
+    assert set(rows) == {"read_decode", "augment", "crop", "border_map", "shrink_map", "normalize", "total"}
+    assert all(float(v[1]) > 0 and float(v[2]) > 0 for v in rows.values())
+    bad = run_tool(["tools/pipeline_ab.py", "--passes", "1", "--images", "4", "--a", "data.builder.nope=1",
+                    "--b", "", "model=db_det", "data.builder.num_train=8", "data.builder.num_val=2"], cwd=ROOT,
+                   env_extra={"PYTHONPATH": str(ROOT)})
+    assert bad.returncode != 0 and "an arm failed to start" in bad.stderr

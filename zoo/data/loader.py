@@ -9,6 +9,7 @@ becomes a small "error batch" that travels the normal way, and the iterator rais
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -141,6 +142,18 @@ def _die_with_parent(worker_id: int) -> None:
         os._exit(1)
 
 
+def _worker_start(dataset, worker_id: int) -> None:
+    """Each worker's start: die with the parent, then the dataset's ``process_init`` (if any)."""
+    _die_with_parent(worker_id)
+    _process_init(dataset)
+
+
+def _process_init(dataset) -> None:
+    init = getattr(dataset, "process_init", None)  # e.g. TextDetDataset: keep freed memory (mallopt)
+    if init is not None:
+        init()
+
+
 def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
     """Wrap ``dataset`` and a batch sampler (:mod:`zoo.data.sampler`) in a ``paddle.io.DataLoader``.
 
@@ -150,6 +163,7 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
     Works with the infinite :class:`~zoo.data.sampler.TrainBatchSampler` for any ``num_workers``.
     A sample that fails to load raises :class:`SampleLoadError` naming it (never a hang).
     A dataset whose ``device_normalize`` is ``(mean, std)`` ships uint8 images, normalised here.
+    A dataset's ``process_init()`` runs in each worker at its start, or here with ``num_workers=0``.
     """
     import paddle  # local import: the samplers themselves do not need paddle
     from paddle.io.dataloader.collate import default_collate_fn
@@ -158,11 +172,13 @@ def build_loader(dataset, batch_sampler, num_workers: int = 0) -> GuardedLoader:
         raise ValueError(f"trainer.num_workers: expected 0 (load in the main process) or more worker "
                          f"processes, got {num_workers}")
     collate = getattr(dataset, "collate_fn", None) or default_collate_fn
+    if int(num_workers) == 0:
+        _process_init(dataset)  # Paddle loads in a thread of this process
     return GuardedLoader(paddle.io.DataLoader(
         _GuardedDataset(dataset),
         batch_sampler=batch_sampler,
         num_workers=int(num_workers),
         return_list=True,
         collate_fn=_GuardedCollate(collate),
-        worker_init_fn=_die_with_parent if int(num_workers) > 0 else None,
+        worker_init_fn=functools.partial(_worker_start, dataset) if int(num_workers) > 0 else None,
     ), normalize=getattr(dataset, "device_normalize", None))

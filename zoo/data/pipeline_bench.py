@@ -164,6 +164,8 @@ def run(cfg, train_set, images: int, passes: int, against: list, workers: list) 
     if indices is not None:
         n = len(indices)
     timed_pass = (lambda p: db_pass(train_set, n, p, indices)) if db else (lambda p: generic_pass(train_set, n))
+    if hasattr(train_set, "process_init"):
+        train_set.process_init()  # as the loader does in the process that loads (data.builder.keep_freed_memory)
     timed_pass(passes)  # warm-up: file cache, imports, allocator
     if worker:
         worker.run()
@@ -185,10 +187,12 @@ def run(cfg, train_set, images: int, passes: int, against: list, workers: list) 
               "crop_size": getattr(getattr(train_set, "transform", None), "crop_size", None),
               "zoo_ms_per_image": zoo_ms, "zoo_images_per_s_per_core": 1e3 / zoo_ms["total"],
               "cv2_threads": cv2.getNumThreads(),
+              "keep_freed_memory_bytes": getattr(train_set, "keep_freed_bytes", None),
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     stages = list(zoo_ms)
     print(f"{result['pipeline']} pipeline, {n} images of data={cfg.data.name}"
-          f"{', crop ' + str(result['crop_size']) if result['crop_size'] else ''}, median of {passes} passes")
+          f"{', crop ' + str(result['crop_size']) if result['crop_size'] else ''}, median of {passes} passes"
+          f"{', keep_freed_memory ' + str(result['keep_freed_memory_bytes']) if db else ''}")
     if worker:
         ref_ms = summarize(theirs, n)
         result.update(paddleocr_ms_per_image=ref_ms, paddleocr_images_per_s_per_core=1e3 / ref_ms["total"],

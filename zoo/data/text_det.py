@@ -29,6 +29,7 @@ import paddle
 from .classification import read_image_bgr, read_image_rgb
 from .images import ImageDecodeError, image_size, verify_image_file
 from .det_transforms import DetEvalTransform, DetTrainTransform
+from .memory import check_keep_freed_memory, keep_freed_memory
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
 log = logging.getLogger(__name__)
@@ -207,12 +208,15 @@ class TextDetDataset(paddle.io.Dataset):
     ``ignore`` int64 [P], ``num_polys`` int64 scalar.  ``aug`` goes to the train
     transform (flip_p, rotate, scale, max_tries, min_crop_side_ratio, shrink_ratio,
     min_text_size, thresh_min, thresh_max, mean, std).
+    ``keep_freed_memory`` (``data.builder.keep_freed_memory``, :mod:`zoo.data.memory`): true, false
+    or a byte count; :meth:`process_init` applies it in the process that loads items.
     """
 
     def __init__(self, root, label_file, split: str, seed: int, crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128, samples=None,
-                 channel_order: str = "BGR", line_numbers=None, **aug):
+                 channel_order: str = "BGR", line_numbers=None, keep_freed_memory: bool | int = True, **aug):
         super().__init__()
+        self.keep_freed_bytes = check_keep_freed_memory(keep_freed_memory)
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if channel_order not in ("BGR", "RGB"):
@@ -250,6 +254,11 @@ class TextDetDataset(paddle.io.Dataset):
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def process_init(self) -> None:
+        """Per-process set-up of the process that loads items: the loader calls it in each worker at
+        its start, and in the main process when it loads there (``trainer.num_workers=0``)."""
+        keep_freed_memory(self.keep_freed_bytes)
 
     def path(self, index: int) -> Path:
         """Absolute path of image ``index``."""
@@ -321,8 +330,11 @@ class TextDetData:
     def __init__(self, root, train_label: str = "train_icdar2015_label.txt",
                  val_label: str = "test_icdar2015_label.txt", crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
-                 channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool | str = True, **aug):
+                 channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool | str = True,
+                 keep_freed_memory: bool | int = True, **aug):
         self.root = Path(root).expanduser()
+        check_keep_freed_memory(keep_freed_memory)  # a bad value fails here, naming the key
+        self.keep_freed_memory = keep_freed_memory
         self.channel_order = channel_order
         if bad_samples not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, "
@@ -387,4 +399,5 @@ class TextDetData:
             self._samples[split], self.skipped[split], self._lines[split] = samples, problems, lines
         return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
                               samples=self._samples[split], channel_order=self.channel_order,
-                              line_numbers=self._lines[split], **self.aug)
+                              line_numbers=self._lines[split], keep_freed_memory=self.keep_freed_memory,
+                              **self.aug)
