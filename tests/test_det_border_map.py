@@ -19,6 +19,7 @@ import pyclipper
 import pytest
 
 from zoo.data import det_labels
+from test_det_data import _random_quads  # noqa: E402  (the label tests' random quads)
 from zoo.data.det_labels import _as_polys, _offset, _random_quads as bench_quads, make_border_map
 from zoo.data.det_labels import polygon_area_perimeter
 
@@ -130,17 +131,6 @@ def _dense_border_map(polys, ignore, h, w, shrink_ratio=0.4, thresh_min=0.3, thr
         region = canvas[y0:y1 + 1, x0:x1 + 1]
         np.maximum(region, value, out=region)  # the canvas starts at lo, so values below it never win
     return canvas, mask
-
-
-def _random_quads(rng, n, h, w):
-    quads = []
-    for _ in range(n):
-        bw, bh = rng.uniform(8, 30), rng.uniform(4, 14)
-        t = rng.uniform(-0.6, 0.6)
-        rot = np.array([[math.cos(t), -math.sin(t)], [math.sin(t), math.cos(t)]])
-        box = np.array([[-bw, -bh], [bw, -bh], [bw, bh], [-bw, bh]]) / 2 + rng.normal(0, 1.0, (4, 2))
-        quads.append(box @ rot.T + rng.uniform((0, 0), (w, h)))  # some stick out of the image
-    return np.array(quads, np.float32)
 
 
 def _random_polygons(rng, n, h, w, size=12.0):
