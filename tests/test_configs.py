@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import CONFIG_DIR, compose
+from conftest import CONFIG_DIR, ROOT, compose, run_tool
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -277,3 +277,19 @@ def test_parity_schedules_end_at_zero_lr():
             lrs.append(sched.get_lr() if hasattr(sched, "get_lr") else sched())
             sched.step()
         assert max(lrs) == pytest.approx(cfg.optim.lr, rel=0.05) and lrs[-1] < 1e-3 * cfg.optim.lr
+
+
+def test_parity_db_det_ft_is_parity_db_det_from_one_base(tmp_path):
+    """experiment=parity_db_det_ft changes only the starting weights (required, all keys) and the LR."""
+    def flat(*overrides):
+        return _flat(OmegaConf.to_container(compose(list(overrides)), resolve=True))
+
+    scratch = flat("experiment=parity_db_det", "amp=O1")
+    ft = flat("experiment=parity_db_det_ft", "amp=O1", "finetune_from=runs/base")
+    changed = {k: (scratch.get(k), ft.get(k)) for k in scratch.keys() | ft.keys() if scratch.get(k) != ft.get(k)}
+    assert changed == {"finetune_from": (None, "runs/base"), "model.net.pretrained": (None, "runs/base"),
+                       "model.net.strict": (None, True), "optim.lr": (1.0e-3, 2.5e-4)}
+    missing = run_tool(["tools/train.py", "experiment=parity_db_det_ft", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT)
+    assert missing.returncode != 0
+    assert "finetune_from: missing mandatory value; set it on the command line (finetune_from=...)" in missing.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()

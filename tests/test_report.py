@@ -365,3 +365,19 @@ def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "paddle version differs: 3.2.0 (1 run: 3_O1_seed1), 3.3.1 (3 runs" in err
     assert "config (without amp and seed) differs within resnet18 / synthetic_shapes" in err
+    # a fine-tune sweep whose runs started from different base weights under one path
+    for run in sweep.iterdir():
+        if run.name != "report":
+            s = json.loads((run / "summary.json").read_text())
+            s.update(git_revision="aaaa111", versions={"paddle": "3.3.1", "numpy": "2.4.6"}, config_digest="c0ffee",
+                     pretrained={"file": "runs/base/checkpoints/best.pdparams", "sha256": "1" * 64})
+            (run / "summary.json").write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) in (0, 1)
+    capsys.readouterr()
+    s = json.loads((sweep / "3_O1_seed1" / "summary.json").read_text())
+    s["pretrained"]["sha256"] = "2" * 64
+    (sweep / "3_O1_seed1" / "summary.json").write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert ("pretrained weights (sha256) differs within resnet18 / synthetic_shapes: 111111111111 (3 runs"
+            in err) and "222222222222 (1 run: 3_O1_seed1)" in err

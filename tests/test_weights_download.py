@@ -23,7 +23,7 @@ import pytest
 import zoo
 from zoo.weights import ChecksumError, DownloadError, hub
 
-from conftest import ROOT, compose, run_tool
+from conftest import ROOT, TINY, compose, run_tool
 
 SPEC_DIR = Path(os.environ.get("AMPZOO_SPEC_DIR") or ROOT.parent / "shared" / "spec")
 FAST = {"retries": 0, "backoff": 0.01, "timeout": 10, "progress": False}
@@ -410,3 +410,27 @@ def test_download_tool_prints_cached_path(server, tmp_path):
     bad = run_tool(["tools/download.py", "ResNet50", "NoSuchWeights", "--retries", "0"], cwd=ROOT, env_extra=env)
     assert bad.returncode == 2
     assert "error: HTTP 404" in bad.stderr and "ResNet50_pretrained.pdparams" in bad.stderr
+
+
+def test_a_run_folder_is_a_weights_source_and_fine_tuning_starts_from_its_best(tmp_path):
+    """model.net.pretrained=<run folder> (what experiment=parity_db_det_ft's finetune_from sets) loads
+    that run's checkpoints/best.pdparams: the fine-tune run's initial weights are the base's weights,
+    and summary.json names the file and its sha256."""
+    from zoo.engine.distributed import parameter_digest
+    from zoo.engine.run import train
+
+    base = tmp_path / "base"
+    train(compose(TINY + ["trainer.max_steps=2", "trainer.ckpt_every=2"]), base, announce_folder=False)
+    best = base / "checkpoints" / "best.pdparams"
+    assert hub.resolve(base) == (best, None)
+    reference = zoo.create_model("resnet_tiny", num_classes=10)
+    reference.set_state_dict(paddle.load(str(best)))
+    ft = train(compose(TINY + ["trainer.max_steps=2", f"model.net.pretrained={base}", "model.net.strict=true"]),
+               tmp_path / "ft", announce_folder=False)
+    assert ft["pretrained"]["file"] == str(best) and ft["pretrained"]["missing"] == 0
+    assert ft["pretrained"]["sha256"] == hashlib.sha256(best.read_bytes()).hexdigest()
+    base_summary = json.loads((base / "summary.json").read_text())
+    assert ft["pairing"]["init_weights"] == parameter_digest(reference) != base_summary["pairing"]["init_weights"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="'.*empty' is a folder without checkpoints/best.pdparams"):
+        hub.resolve(tmp_path / "empty")

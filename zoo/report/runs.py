@@ -206,10 +206,13 @@ def _versions(s: dict) -> dict:
 
 
 def provenance_of(run: Run) -> dict:
-    """What must agree between compared runs: git revision, library versions, data set, config."""
+    """What must agree between compared runs: git revision, library versions, data set, config, and
+    the weights file a fine-tuned run started from (its sha256: the config only names its path)."""
     s = run.summary
+    base = s.get("pretrained")
     out = {"git revision": s.get("git_revision"), "data-set version": s.get("data_version"),
-           "config (without amp and seed)": s.get("config_digest")}
+           "config (without amp and seed)": s.get("config_digest"),
+           "pretrained weights (sha256)": base.get("sha256") if isinstance(base, dict) else None}
     for lib, ver in _versions(s).items():
         out[f"{lib} version"] = ver
     return out
@@ -237,6 +240,6 @@ def mixed_provenance(groups: dict) -> list[str]:
     out = differs(every, ["git revision", *libs], "")
     for key, by_prec in groups.items():
         runs = [r for lst in by_prec.values() for r in lst]
-        out += differs(runs, ["data-set version", "config (without amp and seed)"],
+        out += differs(runs, ["data-set version", "config (without amp and seed)", "pretrained weights (sha256)"],
                        f" within {key[0]} / {key[1]}")
     return out

@@ -451,13 +451,22 @@ _FILE_SUFFIXES = (".pdparams", ".pdckpt", ".tar", ".safetensors")
 
 
 def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
-    """A local path for ``pretrained`` (a file path, an http(s) URL or a registry name) and its spec.
+    """A local path for ``pretrained`` (a file, a training run folder, an http(s) URL or a registry name)
+    and its spec; a run folder gives the weights it kept, ``checkpoints/best.pdparams``.
 
     URLs and names are downloaded into the cache first (``download_options`` go to :func:`download`).
     """
     text = os.fspath(pretrained)
     if os.path.isfile(text):
         return Path(text), None
+    if os.path.isdir(text):  # a training run folder: the weights it kept as best
+        from zoo.engine.checkpoint import BEST, CKPT_DIR
+
+        best = Path(text) / CKPT_DIR / BEST
+        if not best.is_file():
+            raise FileNotFoundError(f"pretrained='{text}' is a folder without {CKPT_DIR}/{BEST}; "
+                                    "give a training run folder or a weights file")
+        return best, None
     scheme = urllib.parse.urlsplit(text).scheme if "://" in text else ""
     if scheme in ("http", "https"):
         return download(text, **download_options), None
