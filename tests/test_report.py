@@ -373,7 +373,7 @@ def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
                      pretrained={"file": "runs/base/checkpoints/best.pdparams", "sha256": "1" * 64})
             (run / "summary.json").write_text(json.dumps(s))
     assert report_tool.main([str(sweep)]) in (0, 1)
-    capsys.readouterr()
+    assert "| resnet18 / synthetic_shapes / 200 steps / batch 64 / fine-tuned from base / fp32 |" in capsys.readouterr().out
     s = json.loads((sweep / "3_O1_seed1" / "summary.json").read_text())
     s["pretrained"]["sha256"] = "2" * 64
     (sweep / "3_O1_seed1" / "summary.json").write_text(json.dumps(s))
@@ -381,3 +381,9 @@ def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("pretrained weights (sha256) differs within resnet18 / synthetic_shapes: 111111111111 (3 runs"
             in err) and "222222222222 (1 run: 3_O1_seed1)" in err
+    # a run fine-tuned from other weights (another path) is not grouped with the rest
+    s.update(pretrained={"file": "runs/other.pdparams", "sha256": "1" * 64})
+    (sweep / "3_O1_seed1" / "summary.json").write_text(json.dumps(s))
+    assert report_tool.main([str(sweep)]) == 1
+    out = capsys.readouterr().out
+    assert "| resnet18 / synthetic_shapes / 200 steps / batch 64 / fine-tuned from other.pdparams / emulated-fp16-O1 |" in out

@@ -181,8 +181,8 @@ def compare(amp: list[Run], fp32: list[Run], delta: float, alpha: float) -> dict
 
 
 def _label(key: tuple) -> str:
-    model, data, steps, gbs = key
-    return f"{model} / {data} / {steps} steps / batch {gbs}"
+    model, data, steps, gbs, start = key
+    return f"{model} / {data} / {steps} steps / batch {gbs}" + (f" / fine-tuned from {start}" if start else "")
 
 
 def parity_table(groups: dict, delta: float | None = None, alpha: float = 0.05,

@@ -176,10 +176,21 @@ def set_aside_reason(run: Run) -> str | None:
     return None
 
 
+def start_of(summary: dict) -> str:
+    """Where training started: "" from scratch, else the weights it fine-tuned from, named by their
+    run folder (``<run>/checkpoints/best.pdparams``) or file name."""
+    base = summary.get("pretrained")
+    if not isinstance(base, dict) or not base.get("file"):
+        return ""
+    path = Path(str(base["file"]))
+    return path.parent.parent.name if path.parent.name == "checkpoints" else path.name
+
+
 def group_key(run: Run) -> tuple:
-    """Runs are comparable when model, data, training length and global batch all match."""
+    """Runs are comparable when model, data, training length, global batch and the weights training
+    started from (by path; their sha256 is checked by :func:`mixed_provenance`) all match."""
     s = run.summary
-    return (str(s["model"]), str(s["data"]), int(s["steps"]), int(s["global_batch_size"]))
+    return (str(s["model"]), str(s["data"]), int(s["steps"]), int(s["global_batch_size"]), start_of(s))
 
 
 def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
