@@ -63,13 +63,14 @@ def _signal_at_step(monkeypatch, signum, at_step):
 def test_signal_saves_a_checkpoint_at_the_end_of_the_step(tiny_cfg, tmp_path, capsys, monkeypatch,
                                                          signum, status):
     run = tmp_path / "run"
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # SIG_IGN under nohup ... &
     _signal_at_step(monkeypatch, signum, at_step=2)  # during step 3; ckpt_every=2 saved step 2
     code, err = _run(tiny_cfg("trainer.max_steps=6", "trainer.ckpt_every=4"), run, capsys)
     assert code == status
     assert err.strip().splitlines()[-1] == (f"interrupted at step 3; checkpoint saved to {run / 'checkpoints' / ckpt.LAST}, "
                            "resume with trainer.resume=auto")
     assert ckpt.load(run / "checkpoints" / ckpt.LAST)["step"] == 3 and not (run / "summary.json").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers restored
     monkeypatch.undo()
     resumed = train(tiny_cfg("trainer.max_steps=6", "trainer.ckpt_every=4", "trainer.resume=auto"), run)
     assert resumed["steps"] == 6 and resumed["resumed_from"].endswith(ckpt.LAST)
