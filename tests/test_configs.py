@@ -293,3 +293,28 @@ def test_parity_db_det_ft_is_parity_db_det_from_one_base(tmp_path):
     assert missing.returncode != 0
     assert "finetune_from: missing mandatory value; set it on the command line (finetune_from=...)" in missing.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_parity_ppyoloe_s_ft_is_the_quick_run_fine_tuned_from_one_base():
+    """experiment=parity_ppyoloe_s_ft is model=ppyoloe_s from a required base (all keys), at a quarter
+    of the LR, half the steps and a 500-image validation split; recipe, batch, EMA, data unchanged."""
+    def flat(*overrides):
+        return _flat(OmegaConf.to_container(compose(list(overrides)), resolve=True))
+
+    for amp in ("fp32", "O1", "O2"):
+        quick = flat("model=ppyoloe_s", f"amp={amp}")
+        ft = flat("experiment=parity_ppyoloe_s_ft", f"amp={amp}", "finetune_from=runs/base")
+        changed = {k: (quick.get(k), ft.get(k)) for k in quick.keys() | ft.keys() if quick.get(k) != ft.get(k)}
+        assert changed == {"finetune_from": (None, "runs/base"), "model.net.pretrained": (None, "runs/base"),
+                           "model.net.strict": (None, True), "optim.lr": (4.0e-3, 1.0e-3),
+                           "trainer.max_steps": (640, 320), "trainer.draw_samples": (8, 0),
+                           "data.builder.num_val": (200, 500)}
+    cfg = compose(["experiment=parity_ppyoloe_s_ft", "finetune_from=x"])
+    sched = instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=cfg.trainer.max_steps, steps_per_epoch=125)
+    lrs = []
+    for _ in range(cfg.trainer.max_steps):
+        lrs.append(sched.get_lr() if hasattr(sched, "get_lr") else sched())
+        sched.step()
+    assert max(lrs) == pytest.approx(1.0e-3, rel=0.05) and lrs[-1] < 1e-6
+    with pytest.raises(Exception, match="finetune_from"):
+        OmegaConf.to_container(compose(["experiment=parity_ppyoloe_s_ft"]), resolve=True, throw_on_missing=True)
