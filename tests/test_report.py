@@ -387,3 +387,25 @@ def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     assert report_tool.main([str(sweep)]) == 1
     out = capsys.readouterr().out
     assert "| resnet18 / synthetic_shapes / 200 steps / batch 64 / fine-tuned from other.pdparams / emulated-fp16-O1 |" in out
+
+
+def test_static_scale_runs_are_their_own_row(tmp_path):
+    """An fp16 run with a static loss scale (the ablation's "no skipped steps") is compared as a recipe
+    of its own, never pooled or made ambiguous with the dynamic-scale runs of the same seeds."""
+    sweep = tmp_path / "sweep"
+    dynamic = {"use_dynamic_loss_scaling": True, "init_loss_scaling": 65536.0}
+    static = {"use_dynamic_loss_scaling": False, "init_loss_scaling": 4096.0}
+    for seed in range(3):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70 + 0.01 * seed, requested="fp32", effective="fp32", paired=True)
+        make_run(sweep, f"o1_{seed}", seed, 0.701 + 0.01 * seed, paired=True, loss_scaler=dynamic)
+        make_run(sweep, f"static_{seed}", seed, 0.69 + 0.01 * seed, paired=True, loss_scaler=static)
+        # bf16 ignores the scaler: its static flag must not rename it
+        make_run(sweep, f"bf16_{seed}", seed, 0.70 + 0.01 * seed, requested="bf16-O1",
+                 effective="emulated-bf16-O1", paired=True, loss_scaler=static)
+    report_tool.main([str(sweep)])
+    amp = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"]
+    rows = {side["precision"]: side for side in amp}
+    assert sorted(rows) == ["emulated-bf16-O1", "emulated-fp16-O1", "emulated-fp16-O1-static-scale-4096"]
+    assert [len(side["pairs"]) for side in rows.values()] == [3, 3, 3]
+    assert rows["emulated-fp16-O1-static-scale-4096"]["diff"] == pytest.approx(-1.0, abs=1e-6)
+    assert rows["emulated-fp16-O1"]["diff"] == pytest.approx(0.1, abs=1e-6)

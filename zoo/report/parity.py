@@ -60,7 +60,7 @@ def _side(runs: list[Run]) -> dict:
     cis = [r.eval_ci for r in runs]
     halves = [(c["high"] - c["low"]) * 50.0 for c in cis if c]
     effects = {r.summary["seed"]: r.eval_only_effect for r in runs if r.eval_only_effect is not None}
-    return {"precision": runs[0].precision, "n": len(runs), "seeds": [x["seed"] for x in s],
+    return {"precision": runs[0].variant, "n": len(runs), "seeds": [x["seed"] for x in s],
             "values": vals.tolist(), "mean": float(vals.mean()),
             "eval_ci": [{"seed": r.summary["seed"], "low": c["low"] * 100.0, "high": c["high"] * 100.0,
                          "n_images": c.get("n_images"), "n_resamples": c.get("n_resamples")}
@@ -103,7 +103,7 @@ def pair_runs(amp: list[Run], fp32: list[Run]) -> tuple[list[tuple[Run, Run]], l
     for seed, a_runs in a_seeds.items():
         f_runs = f_seeds.get(seed, [])
         if len(a_runs) > 1 or len(f_runs) > 1:
-            why = f"{len(a_runs)} {a_runs[0].precision} and {len(f_runs)} FP32 runs with seed {seed}: ambiguous"
+            why = f"{len(a_runs)} {a_runs[0].variant} and {len(f_runs)} FP32 runs with seed {seed}: ambiguous"
             unpaired += [{"path": str(r.path), "seed": r.summary["seed"], "reason": why} for r in a_runs + f_runs]
             continue
         if not f_runs:
@@ -114,13 +114,13 @@ def pair_runs(amp: list[Run], fp32: list[Run]) -> tuple[list[tuple[Run, Run]], l
         if why:
             unpaired.append({"path": str(a_runs[0].path), "seed": a_runs[0].summary["seed"], "reason": why})
             unpaired.append({"path": str(f_runs[0].path), "seed": f_runs[0].summary["seed"],
-                             "reason": f"its {a_runs[0].precision} run with seed {seed} did not pair"})
+                             "reason": f"its {a_runs[0].variant} run with seed {seed} did not pair"})
         else:
             pairs.append((a_runs[0], f_runs[0]))
     for seed, f_runs in f_seeds.items():
         if seed not in a_seeds:
             unpaired += [{"path": str(r.path), "seed": r.summary["seed"],
-                          "reason": f"no {amp[0].precision} run with seed {seed}"} for r in f_runs]
+                          "reason": f"no {amp[0].variant} run with seed {seed}"} for r in f_runs]
     return pairs, unpaired
 
 

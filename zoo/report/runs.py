@@ -42,6 +42,18 @@ class Run:
         return str(self.summary["effective_precision"])
 
     @property
+    def variant(self) -> str:
+        """What the run is compared as: its effective precision, plus the scale when an fp16 run's
+        loss scale was static (a recipe of its own: never pooled with dynamic-scale runs)."""
+        scaler = self.summary.get("loss_scaler")
+        if ("fp16" in self.precision and isinstance(scaler, dict)
+                and scaler.get("use_dynamic_loss_scaling") is False):
+            scale = scaler.get("init_loss_scaling")
+            return f"{self.precision}-static-scale-{scale:g}" if isinstance(scale, (int, float)) \
+                else f"{self.precision}-static-scale"
+        return self.precision
+
+    @property
     def eval_ci(self) -> dict | None:
         """Bootstrap CI over validation images of the primary metric (fractions), if recorded."""
         ci = self.summary["primary_metric"].get("ci")
@@ -194,7 +206,8 @@ def group_key(run: Run) -> tuple:
 
 
 def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
-    """{group key: {effective precision: [runs by seed]}} and the list of set-aside runs."""
+    """{group key: {variant (effective precision, static scale named): [runs by seed]}} and the
+    list of set-aside runs."""
     groups: dict = defaultdict(lambda: defaultdict(list))
     aside = []
     for run in runs:
@@ -202,7 +215,7 @@ def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
         if reason:
             aside.append(SetAside(run.path, reason))
         else:
-            groups[group_key(run)][run.precision].append(run)
+            groups[group_key(run)][run.variant].append(run)
     for by_prec in groups.values():
         for lst in by_prec.values():
             lst.sort(key=lambda r: (str(r.summary["seed"]), str(r.path)))
