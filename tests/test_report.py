@@ -409,3 +409,15 @@ def test_static_scale_runs_are_their_own_row(tmp_path):
     assert [len(side["pairs"]) for side in rows.values()] == [3, 3, 3]
     assert rows["emulated-fp16-O1-static-scale-4096"]["diff"] == pytest.approx(-1.0, abs=1e-6)
     assert rows["emulated-fp16-O1"]["diff"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_run_time_line_sums_wall_times(tmp_path, capsys):
+    """The report states what its runs cost: summed wall time and each precision's per-run range."""
+    sweep = tmp_path / "sweep"
+    for seed, (f, a) in enumerate([(600.0, 900.0), (720.0, 1140.0)]):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True, wall_time_s=f)
+        make_run(sweep, f"amp_{seed}", seed, 0.70, paired=True, wall_time_s=a)
+    report_tool.main([str(sweep)])
+    # 600 + 720 + 900 + 1140 s = 3360 s = 56 min
+    assert ("run time: 4 runs, 0 h 56 min in all (sum of each run's wall time); "
+            "per run fp32 10-12 min, emulated-fp16-O1 15-19 min") in capsys.readouterr().out

@@ -73,6 +73,7 @@ def _side(runs: list[Run]) -> dict:
             "global_batch_size": s[0].get("global_batch_size"), "world_size": s[0].get("world_size"),
             "peak_memory_mb": mean_of("peak_memory_mb"), "peak_memory_kind": s[0].get("peak_memory_kind"),
             "images_per_s": mean_of("images_per_s"), "skipped_steps": mean_of("skipped_steps"),
+            "wall_time_s": [float(x["wall_time_s"]) for x in s if isinstance(x.get("wall_time_s"), (int, float))],
             "final_loss_scale": scales, "device": s[0].get("device"),
             "runs": [str(r.path) for r in runs]}
 

@@ -50,6 +50,28 @@ def _row(entry: dict, side: dict, is_ref: bool) -> list[str]:
             metric, noise, diff, ci, test, verdict, _num(side["skipped_steps"], "{:.1f}"), scales]
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f}"
+
+
+def run_time_line(entry: dict) -> str | None:
+    """What the group's runs cost: summed wall time (summary.json wall_time_s) and the per-run range
+    of each precision, as they ran (concurrent jobs included), or None when none was recorded."""
+    sides = ([entry["fp32"]] if entry["fp32"] else []) + list(entry["amp"])
+    parts, total, count = [], 0.0, 0
+    for side in sides:
+        times = side.get("wall_time_s") or []
+        if times:
+            total, count = total + sum(times), count + len(times)
+            lo, hi = _minutes(min(times)), _minutes(max(times))
+            parts.append(f"{side['precision']} {lo if lo == hi else lo + '-' + hi} min")
+    if not count:
+        return None
+    hours, minutes = divmod(round(total / 60), 60)
+    return (f"run time: {count} runs, {hours} h {minutes:02d} min in all (sum of each run's wall time); "
+            f"per run {', '.join(parts)}")
+
+
 def table_rows(table: list[dict]) -> list[list[str]]:
     rows = []
     for entry in table:
@@ -78,6 +100,9 @@ def markdown(table: list[dict], aside: list, mixed: list | None = None, notes: l
         lines.append(f"- {e['group']}: {e['metric']} in percentage points, equivalence margin "
                      f"±{e['delta']:g} pp ({e['delta_source']}), alpha {e['alpha']:g} "
                      f"(TOST; the 90% CI must lie inside the margin)")
+    for e in table:
+        if run_time_line(e):
+            lines.append(f"- {e['group']}: {run_time_line(e)}")
     if not any(e["amp"] for e in table):
         lines.append("- no AMP runs left after setting aside: nothing was shown")
     lines += details(table)
