@@ -99,3 +99,19 @@ def test_sigterm_stops_jobs_at_a_checkpoint_and_the_same_command_resumes(tmp_pat
     assert resumed.returncode == 0, resumed.stdout
     s = json.loads((sweep / "seed=0" / "summary.json").read_text())
     assert s["status"] == "completed" and s["resumed_from"]
+
+
+def test_readme_sweep_commands_plan_and_compose():
+    """Every `tools/sweep.py` command in the README expands, and each of its jobs composes."""
+    from conftest import compose
+
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    commands = [ln.split("python tools/sweep.py", 1)[1].split() for ln in text.splitlines()
+                if ln.startswith("python tools/sweep.py")]
+    assert len(commands) >= 4
+    for argv in commands:
+        overrides = argv[argv.index("--") + 1:]
+        jobs, fixed = plan(overrides)
+        assert len(jobs) >= 2 and any(j.swept.get("amp") == "fp32" for j in jobs)
+        for amp in dict.fromkeys(j.swept["amp"] for j in jobs):  # one job per precision composes
+            compose([*fixed, *next(j for j in jobs if j.swept["amp"] == amp).overrides()])
