@@ -73,6 +73,11 @@ def test_sweep_runs_two_at_a_time_skips_done_jobs_and_names_a_failure(tmp_path, 
     again = run_tool(args[:-2] + ["amp=fp32,O1", "seed=0,1"], ROOT, env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "4 jobs, 4 already completed, 0 to run" in again.stdout and "started" not in again.stdout
+    # the same folder with another setting: refused before anything runs, naming the job and the difference
+    other = run_tool(args[:-2] + ["amp=fp32,O1", "seed=0,1", "optim.lr=0.5"], ROOT, env)
+    assert other.returncode == 2 and "started" not in other.stdout
+    assert (f"error: {sweep / 'amp=fp32_seed=0'}: completed with other overrides than this sweep asks for "
+            "(it had nothing else, the sweep wants ['optim.lr=0.5']") in other.stderr
 
 
 @pytest.mark.slow

@@ -119,6 +119,31 @@ def job_state(folder: Path) -> str:
     return "resume" if (folder / CKPT_DIR / LAST).is_file() else "fresh"
 
 
+_OWN_KEYS = ("trainer.progress", "trainer.resume")  # what the sweep adds to every job
+
+
+def _check_same_job(folder: Path, expected: list[str]) -> None:
+    """A completed job is only skipped if it ran these overrides (its .hydra/overrides.yaml): a
+    sweep folder reused with other settings would otherwise mix runs of two configurations."""
+    import yaml
+
+    recorded_file = folder / ".hydra" / "overrides.yaml"
+    try:
+        recorded = yaml.safe_load(recorded_file.read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return  # not a Hydra run folder (copied summaries): the report's config check still applies
+    def own(o):
+        return str(o).split("=", 1)[0].lstrip("+~") in _OWN_KEYS
+
+    recorded = {str(o) for o in recorded if not own(o)}
+    wanted = {o for o in expected if not own(o)}
+    if recorded != wanted:
+        extra, missing = sorted(recorded - wanted), sorted(wanted - recorded)
+        raise SweepError(f"{folder}: completed with other overrides than this sweep asks for "
+                         f"(it had {extra or 'nothing else'}, the sweep wants {missing or 'nothing else'}; "
+                         f"{recorded_file}). Use another --dir, or move that folder away")
+
+
 def _run_dir(folder: Path) -> str:
     if "'" in str(folder):
         raise SweepError(f"{folder}: a sweep folder may not contain a single quote")
@@ -165,6 +190,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
     for i, job in enumerate(jobs, 1):
         state = job_state(sweep_dir / job.name)
         if state == "done":
+            _check_same_job(sweep_dir / job.name, [*fixed, *job.overrides()])
             say(f"[{i}/{len(jobs)}] {job.name}: already completed, {_result(sweep_dir / job.name)}")
         else:
             todo.append((i, job, state))
