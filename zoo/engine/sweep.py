@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.engine.checkpoint import CKPT_DIR, LAST
@@ -63,10 +63,11 @@ def split_values(value: str) -> list[str]:
 @dataclass
 class Job:
     swept: dict                 # key -> value of the swept overrides, in command-line order
-    name: str = field(init=False)
 
-    def __post_init__(self):
-        self.name = "_".join(f"{k}={_SAFE.sub('_', v)}" for k, v in self.swept.items()) or "job"
+    @property
+    def name(self) -> str:
+        """The job's folder name: its swept overrides, other characters of a value as "_"."""
+        return "_".join(f"{k}={_SAFE.sub('_', v)}" for k, v in self.swept.items()) or "job"
 
     def overrides(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.swept.items()]
@@ -150,6 +151,13 @@ def _run_dir(folder: Path) -> str:
     return f"hydra.run.dir='{folder}'"  # quoted: Hydra's grammar would read '=' or brackets
 
 
+def _command(fixed: list[str], job: Job, sweep_dir: Path, state: str) -> list[str]:
+    """The job's train.py command line (a resumed job names its own folder as the checkpoint)."""
+    folder = sweep_dir / job.name
+    cmd = [sys.executable, str(TRAIN), *fixed, *job.overrides(), _run_dir(folder), "trainer.progress=false"]
+    return cmd + [f"trainer.resume='{folder}'"] if state == "resume" else cmd
+
+
 def _result(folder: Path) -> str:
     try:
         s = json.loads((folder / "summary.json").read_text())
@@ -198,8 +206,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
         f"{len(todo)} to run, {jobs_at_once} at a time, {threads} thread(s) each")
     if dry_run:
         for i, job, state in todo:
-            cmd = [sys.executable, str(TRAIN), *fixed, *job.overrides(), _run_dir(sweep_dir / job.name)]
-            say(f"[{i}/{len(jobs)}] would run ({state}): {' '.join(cmd[1:])}")
+            say(f"[{i}/{len(jobs)}] would run ({state}): {' '.join(_command(fixed, job, sweep_dir, state)[1:])}")
         return 0
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -216,11 +223,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
         while queue or running:
             while queue and len(running) < jobs_at_once:
                 i, job, state = queue.pop(0)
-                folder = sweep_dir / job.name
-                cmd = [sys.executable, str(TRAIN), *fixed, *job.overrides(), _run_dir(folder),
-                       "trainer.progress=false"]
-                if state == "resume":
-                    cmd.append(f"trainer.resume='{folder}'")
+                cmd = _command(fixed, job, sweep_dir, state)
                 log = logs / f"{job.name}.log"
                 handle = open(log, "a")
                 proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env,

@@ -101,8 +101,9 @@ def markdown(table: list[dict], aside: list, mixed: list | None = None, notes: l
                      f"±{e['delta']:g} pp ({e['delta_source']}), alpha {e['alpha']:g} "
                      f"(TOST; the 90% CI must lie inside the margin)")
     for e in table:
-        if run_time_line(e):
-            lines.append(f"- {e['group']}: {run_time_line(e)}")
+        cost = run_time_line(e)
+        if cost:
+            lines.append(f"- {e['group']}: {cost}")
     if not any(e["amp"] for e in table):
         lines.append("- no AMP runs left after setting aside: nothing was shown")
     lines += details(table)
