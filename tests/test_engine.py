@@ -100,6 +100,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, mo
     assert resumed["param_digests"] == full["param_digests"]
     assert resumed["final_loss_scale"] == full["final_loss_scale"] and full["skipped_steps"] > 0
     assert resumed["metrics"] == full["metrics"]
+    # its wall time counts the killed segment too (the checkpoint carries the time so far)
+    seg = ckpt.load(tmp_path / "runs2" / "a_killed" / "checkpoints" / ckpt.LAST)["wall_time"]
+    assert resumed["wall_time_before_resume_s"] == pytest.approx(seg) and seg > 0
+    assert resumed["wall_time_s"] > seg and full["wall_time_before_resume_s"] == 0.0
 
 
 def test_resume_in_same_folder_and_refusal_to_overwrite(tiny_cfg, tmp_path):

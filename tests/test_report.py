@@ -236,6 +236,22 @@ def test_model_cards_section_is_rewritten_and_nothing_else(tmp_path):
         update_section(cards, "y", "t", "c")
 
 
+def test_model_cards_section_links_its_equivalence_figure(tmp_path, capsys):
+    sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=3, paired=True)
+    cards = tmp_path / "CARDS.md"
+    cards.write_text("<!-- measured:abc -->\n<!-- /measured:abc -->\n")
+    stale = sweep / "report" / "old_group_equivalence.png"  # left by an earlier report: not copied
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"stale")
+    assert report_tool.main([str(sweep), "--model-cards", str(cards), "--section", "abc"]) == 0
+    capsys.readouterr()
+    fig = tmp_path / "docs" / "parity" / "abc.png"
+    made = [p for p in (sweep / "report").glob("*_equivalence.png") if p != stale]
+    assert len(made) == 1 and fig.read_bytes() == made[0].read_bytes()
+    assert "](docs/parity/abc.png)" in cards.read_text()
+    assert sorted(p.name for p in fig.parent.iterdir()) == ["abc.png"]
+
+
 # ----------------------------------------------------------------------------- pairing, power, provenance
 def test_paired_tost_hand_computed():
     amp, fp32 = [1.0, 2.0, 3.5], [0.5, 1.0, 2.0]
@@ -283,6 +299,30 @@ def test_power_line_in_report(tmp_path, capsys):
             "0.50 pp, true difference assumed 0)") in out
     side = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"][0]
     assert side["power"]["min_margin"] == pytest.approx(1.842927, abs=1e-5) and side["power"]["n_needed"] == 3
+
+
+def test_equivalence_figure_draws_the_tost_evidence(tmp_path, capsys):
+    from zoo.report.render import equivalence_rows
+
+    sweep = tmp_path / "sweep"
+    for seed, (f, a) in enumerate([(0.700, 0.705), (0.710, 0.720), (0.690, 0.705)]):
+        make_run(sweep, f"fp32_{seed}", seed, f, requested="fp32", effective="fp32", paired=True)
+        make_run(sweep, f"amp_{seed}", seed, a, paired=True)
+    make_run(sweep, "bf16_0", 0, 0.69, requested="bf16-O1", effective="emulated-bf16-O1", paired=True)
+    assert report_tool.main([str(sweep), "--delta", "1.5"]) == 1
+    capsys.readouterr()
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    rows = {r["precision"]: r for r in equivalence_rows(data["groups"][0])}
+    # the hand-computed case of test_power_line_in_report: differences 0.5, 1.0, 1.5; CI [0.157, 1.843]
+    fp16 = rows["emulated-fp16-O1"]
+    assert fp16["seed_diffs"] == pytest.approx([0.5, 1.0, 1.5]) and fp16["diff"] == pytest.approx(1.0)
+    assert fp16["ci"] == pytest.approx([0.157073, 1.842927], abs=1e-5) and fp16["verdict"] == "not shown"
+    # one seed: a point without an interval, labelled as no verdict
+    assert rows["emulated-bf16-O1"]["ci"] is None and rows["emulated-bf16-O1"]["diff"] == pytest.approx(-1.0)
+    assert rows["emulated-bf16-O1"]["verdict"] == "single seed, no verdict"
+    png = [i for i in data["images"] if i.endswith("_equivalence.png")]
+    assert len(png) == 1 and (sweep / "report" / png[0]).stat().st_size > 1000
+    assert f'src="{png[0]}"' in (sweep / "report" / "index.html").read_text()
 
 
 def test_pairing_cancels_seed_spread(tmp_path, capsys):
@@ -421,3 +461,12 @@ def test_run_time_line_sums_wall_times(tmp_path, capsys):
     # 600 + 720 + 900 + 1140 s = 3360 s = 56 min
     assert ("run time: 4 runs, 0 h 56 min in all (sum of each run's wall time); "
             "per run fp32 10-12 min, emulated-fp16-O1 15-19 min") in capsys.readouterr().out
+    # a run resumed by a trainer that did not carry its earlier wall time over makes it a lower bound;
+    # one that did (wall_time_before_resume_s recorded) does not
+    make_run(sweep, "amp_2", 2, 0.70, paired=True, wall_time_s=300.0, resumed_from="/x/last.pdckpt")
+    make_run(sweep, "fp32_2", 2, 0.70, requested="fp32", effective="fp32", paired=True, wall_time_s=780.0,
+             resumed_from="/y/last.pdckpt", wall_time_before_resume_s=400.0)
+    report_tool.main([str(sweep)])
+    assert ("run time: 6 runs, 1 h 14 min in all (sum of each run's wall time); per run fp32 10-13 min, "
+            "emulated-fp16-O1 5-19 min; 1 resumed run recorded only the time after the resume, so this "
+            "is a lower bound") in capsys.readouterr().out

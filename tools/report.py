@@ -1,7 +1,8 @@
 """AMP parity report: ``python tools/report.py RUN_OR_MULTIRUN_DIR [...] [--out DIR] [--delta X]``.
 
 ``--model-cards MODEL_CARDS.md --section NAME`` also rewrites that file's measured section NAME
-(between ``<!-- measured:NAME -->`` markers) from the same runs, so the cards cannot drift.
+(between ``<!-- measured:NAME -->`` markers) from the same runs, so the cards cannot drift, and
+copies its equivalence figure to docs/parity/NAME.png beside that file, linked from the section.
 
 Compares each AMP precision with FP32 on the primary metric (paired TOST over seeds whose start
 digests agree, else Welch TOST), prints the Markdown table and writes report.md, report.json, PNGs
@@ -12,6 +13,7 @@ Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import _entry  # puts the repo on sys.path; shared error reporting
@@ -33,7 +35,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
 
     from zoo.report import ReportInputError, make_report, report_dir
-    from zoo.report.cards import update_section
+    from zoo.report.cards import copy_figures, update_section
 
     if bool(args.model_cards) != bool(args.section):
         parser.error("--model-cards and --section go together")
@@ -41,7 +43,11 @@ def main(argv=None) -> int:
         code, md = make_report(args.inputs, args.out, args.delta, args.alpha, args.allow_mixed)
         if args.model_cards:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
-            update_section(args.model_cards, args.section, md, command)
+            out = report_dir(args.inputs, args.out)
+            images = json.loads((out / "report.json").read_text())["images"]  # this report's, not stale ones
+            figures = [out / name for name in images if name.endswith("_equivalence.png")]
+            links = copy_figures(args.model_cards, args.section, figures)
+            update_section(args.model_cards, args.section, md, command, links)
     except (ReportInputError, OSError) as err:
         return _entry.report_error(err)
     print(md, end="", flush=True)

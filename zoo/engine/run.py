@@ -229,7 +229,9 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
         "metrics": result["metrics"], "best": result["best"],
         "images_per_s": result["images_per_s"], "train_time_s": result["train_time_s"],
-        "wall_time_s": time.time() - t0, "skipped_steps": amp.skipped_steps,
+        # a resumed run's wall time includes the segments before the resume (checkpoint "wall_time")
+        "wall_time_s": trainer.wall_before_resume + time.time() - t0,
+        "wall_time_before_resume_s": trainer.wall_before_resume, "skipped_steps": amp.skipped_steps,
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
         "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),

@@ -90,6 +90,9 @@ class Trainer:
         self.best: dict = {}
         self.last_eval: dict = {}
         self.train_time = 0.0
+        # wall time of the segments before a resume (from the checkpoint), and when this one began
+        self.wall_before_resume = 0.0
+        self.wall_start = time.time()
         self.images_seen = 0
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
@@ -105,6 +108,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "amp": self.amp.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "rng": ckpt.rng_state(), "best": self.best, "train_time": self.train_time,
+                "wall_time": self.wall_before_resume + time.time() - self.wall_start,
                 "images_seen": self.images_seen, "config": self.config_yaml}
 
     def load_state_dict(self, state: dict, source: Path) -> None:
@@ -119,6 +123,7 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.step, self.best = int(state["step"]), dict(state.get("best") or {})
         self.train_time = float(state.get("train_time", 0.0))
+        self.wall_before_resume = float(state.get("wall_time", 0.0))  # 0 for checkpoints that predate it
         self.images_seen = int(state.get("images_seen", 0))
 
     def save_checkpoint(self) -> None:

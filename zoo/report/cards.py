@@ -21,8 +21,27 @@ def _markers(name: str) -> tuple[str, str]:
     return f"<!-- measured:{name} -->", f"<!-- /measured:{name} -->"
 
 
-def update_section(cards: Path, name: str, markdown: str, command: str) -> None:
-    """Rewrite the measured section ``name`` of ``cards`` (atomically); the markers must exist."""
+FIGURE_DIR = Path("docs") / "parity"  # beside the cards file: the sections' equivalence figures
+
+
+def copy_figures(cards: Path, name: str, figures: list[Path]) -> list[str]:
+    """Copy the report's equivalence figures next to ``cards`` as docs/parity/NAME[_i].png and
+    return their paths relative to the cards file, for :func:`update_section` to link."""
+    _markers(name)  # the name becomes a file name: same rule as the markers
+    links = []
+    for i, fig in enumerate(figures):
+        rel = FIGURE_DIR / (f"{name}.png" if len(figures) == 1 else f"{name}_{i + 1}.png")
+        dest = Path(cards).parent / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(Path(fig).read_bytes())
+        links.append(rel.as_posix())
+    return links
+
+
+def update_section(cards: Path, name: str, markdown: str, command: str,
+                   figures: list[str] | None = None) -> None:
+    """Rewrite the measured section ``name`` of ``cards`` (atomically); the markers must exist.
+    ``figures`` (paths relative to the cards file) are linked under the table."""
     cards = Path(cards)
     try:
         text = cards.read_text()
@@ -31,7 +50,9 @@ def update_section(cards: Path, name: str, markdown: str, command: str) -> None:
     start, end = _markers(name)
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         raise ReportInputError(f"{cards}: needs exactly one '{start}' followed by one '{end}'")
-    body = (f"\n{markdown.rstrip()}\n\nGenerated {_dt.date.today().isoformat()} by `{command}` from the "
+    pictures = "".join(f"\n![AMP − FP32 differences with their 90 % CI against the margin]({f})\n"
+                       for f in figures or [])
+    body = (f"\n{markdown.rstrip()}\n{pictures}\nGenerated {_dt.date.today().isoformat()} by `{command}` from the "
             "runs' summary.json files.\n")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)

@@ -74,6 +74,8 @@ def _side(runs: list[Run]) -> dict:
             "peak_memory_mb": mean_of("peak_memory_mb"), "peak_memory_kind": s[0].get("peak_memory_kind"),
             "images_per_s": mean_of("images_per_s"), "skipped_steps": mean_of("skipped_steps"),
             "wall_time_s": [float(x["wall_time_s"]) for x in s if isinstance(x.get("wall_time_s"), (int, float))],
+            # resumed by a trainer that did not carry wall time over: only the last segment counted
+            "wall_time_partial": sum(1 for x in s if x.get("resumed_from") and "wall_time_before_resume_s" not in x),
             "final_loss_scale": scales, "device": s[0].get("device"),
             "runs": [str(r.path) for r in runs]}
 

@@ -59,6 +59,7 @@ def run_time_line(entry: dict) -> str | None:
     of each precision, as they ran (concurrent jobs included), or None when none was recorded."""
     sides = ([entry["fp32"]] if entry["fp32"] else []) + list(entry["amp"])
     parts, total, count = [], 0.0, 0
+    partial = sum(side.get("wall_time_partial", 0) for side in sides)
     for side in sides:
         times = side.get("wall_time_s") or []
         if times:
@@ -68,8 +69,12 @@ def run_time_line(entry: dict) -> str | None:
     if not count:
         return None
     hours, minutes = divmod(round(total / 60), 60)
-    return (f"run time: {count} runs, {hours} h {minutes:02d} min in all (sum of each run's wall time); "
+    line = (f"run time: {count} runs, {hours} h {minutes:02d} min in all (sum of each run's wall time); "
             f"per run {', '.join(parts)}")
+    if partial:
+        line += (f"; {partial} resumed run{'s' if partial > 1 else ''} recorded only the time after "
+                 "the resume, so this is a lower bound")
+    return line
 
 
 def table_rows(table: list[dict]) -> list[list[str]]:
@@ -181,6 +186,47 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
     return files
 
 
+def equivalence_rows(entry: dict) -> list[dict]:
+    """What the equivalence figure of one group draws, one row per AMP side compared with FP32:
+    its per-seed paired differences, the mean difference and its 90 % CI (None for a single
+    seed), and the verdict; the margin is the group's ``delta``."""
+    return [{"precision": side["precision"], "seed_diffs": [p["diff"] for p in side.get("pairs", [])],
+             "diff": side["diff"], "ci": side["ci"], "verdict": side["verdict"], "test": side["test"]}
+            for side in entry["amp"] if side.get("diff") is not None]
+
+
+def _equivalence_figure(entry: dict, out: Path) -> str | None:
+    """Forest plot of one group: the ±delta band, each AMP side's 90 % CI of the difference to
+    FP32 (a TOST verdict of "equivalent" is a CI inside the band) and its per-seed differences."""
+    rows = equivalence_rows(entry)
+    if not rows:
+        return None
+    delta = entry["delta"]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(rows)))
+    ax.axvspan(-delta, delta, color="#d8eed8", label=f"margin ±{delta:g} pp")
+    ax.axvline(0.0, color="k", lw=0.8)
+    for i, row in enumerate(rows):
+        y = len(rows) - 1 - i
+        if row["seed_diffs"]:
+            ax.scatter(row["seed_diffs"], [y + 0.18] * len(row["seed_diffs"]), s=14, color="#777",
+                       zorder=3, label="per-seed difference" if i == 0 else None)
+        if row["ci"]:
+            ax.plot(row["ci"], [y, y], color="C0", lw=2.5, zorder=4)
+        ax.scatter([row["diff"]], [y], color="C0", marker="D", s=30, zorder=5,
+                   label="mean, 90% CI" if i == 0 else None)
+    ax.set_yticks(range(len(rows)), [f"{r['precision']}\n{r['verdict']} ({r['test']})"
+                                     for r in reversed(rows)], fontsize=7)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    reach = [abs(v) for r in rows for v in [r["diff"], *r["seed_diffs"], *(r["ci"] or [])]]
+    edge = max(1.3 * delta, 1.1 * max(reach))  # the band's edges stay visible
+    ax.set_xlim(-edge, edge)
+    ax.set(xlabel=f"{entry['metric']} difference to FP32 (pp)",
+           title=f"{entry['group']}: AMP − FP32"[:110])
+    ax.title.set_fontsize(8)
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return _save(fig, out / f"{_slug(entry['group'])}_equivalence.png")
+
+
 def _save(fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -234,7 +280,8 @@ def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bo
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
-    images = [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
+    images = [f for f in (_equivalence_figure(e, out) for e in table) if f]
+    images += [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
     data = {"all_equivalent": ok, "groups": table, "images": images,
             "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
             "mixed_provenance": list(mixed or []), "notes": list(notes or [])}
