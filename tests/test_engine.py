@@ -242,3 +242,19 @@ def test_resume_refuses_same_names_with_other_shapes(tiny_cfg, tmp_path):
                      "trainer.resume_allow_changes=true")
     with pytest.raises(ckpt.CheckpointError, match=r"shape mismatch \d+ \['blocks.3"):
         train(wider, tmp_path / "b")
+
+
+def test_amp_without_rounding_reproduces_fp32_bit_for_bit(tiny_cfg, tmp_path):
+    """The ablation control of MODEL_CARDS (db_det, item 5): emulated fp16 O1 with both roundings
+    switched off keeps only the AMP code path (autocast bookkeeping, loss scaling and unscaling by a
+    power of two, the overflow guard), which must change no number. With the rounding on, the same
+    run differs: the comparison can fail."""
+    fp32 = train(tiny_cfg("amp=fp32", "seed=5"), tmp_path / "fp32")
+    control = train(tiny_cfg("amp=O1", "seed=5", "amp.emulation.forward=false", "amp.emulation.backward=false"),
+                    tmp_path / "control")
+    rounded = train(tiny_cfg("amp=O1", "seed=5"), tmp_path / "rounded")
+    assert control["effective_precision"] == "emulated-fp16-O1-ablation-none-rounding"
+    assert control["final_loss_scale"] > 1 and control["skipped_steps"] == 0  # the scaler did act
+    assert [x[:3] for x in _losses(tmp_path / "control")] == [x[:3] for x in _losses(tmp_path / "fp32")]
+    assert control["param_digests"] == fp32["param_digests"] and control["metrics"] == fp32["metrics"]
+    assert rounded["param_digests"] != fp32["param_digests"]
