@@ -106,7 +106,9 @@ def loss_scale_findings(measured, amp, fmt) -> tuple[list[dict], dict]:
         steps = max(1, math.ceil(math.log2(scale / window[1])))
         if dynamic:
             out.append(_finding("note", f"the first ~{steps} steps are skipped while the scaler calibrates",
-                                f"largest gradient {total.max_abs:.3g} x scale {scale:g} > {fmt.max:g}; {span}",
+                                f"largest gradient {total.max_abs:.3g} x scale {scale:g} > {fmt.max:g}; {span}; "
+                                "each skip drops one batch's update: no loss on average, but it spreads short "
+                                "runs (db_det fine-tune: 0.5 pp between twins, MODEL_CARDS.md ablation)",
                                 f"amp.init_loss_scaling={window[1]:g}"))
         else:
             out.append(_finding("will fail", f"gradients overflow at the static loss scale {scale:g}",
