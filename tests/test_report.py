@@ -451,6 +451,30 @@ def test_static_scale_runs_are_their_own_row(tmp_path):
     assert rows["emulated-fp16-O1"]["diff"] == pytest.approx(0.1, abs=1e-6)
 
 
+def test_rows_read_fp16_before_bf16_and_o1_before_o2(tmp_path):
+    """AMP tables are read fp16 O1, O2, then bf16 O1, O2 (alphabetical order put bf16 first); a GPU
+    run sits above its emulation and an ablation below its faithful precision."""
+    from zoo.report.parity import precision_order
+    labels = ["emulated-bf16-O2", "fp16-O2", "emulated-fp16-O1-ablation-forward-rounding", "bf16-O1",
+              "emulated-fp16-O2", "something-else", "emulated-fp16-O1", "fp16-O1"]
+    assert sorted(labels, key=precision_order) == [
+        "fp16-O1", "emulated-fp16-O1", "emulated-fp16-O1-ablation-forward-rounding", "fp16-O2",
+        "emulated-fp16-O2", "bf16-O1", "emulated-bf16-O2", "something-else"]
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True)
+        for req in ("bf16-O2", "fp16-O2", "bf16-O1", "fp16-O1"):
+            make_run(sweep, f"{req}_{seed}", seed, 0.70, requested=req, effective=f"emulated-{req}",
+                     paired=True)
+    report_tool.main([str(sweep)])
+    order = ["emulated-fp16-O1", "emulated-fp16-O2", "emulated-bf16-O1", "emulated-bf16-O2"]
+    amp = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"]
+    assert [side["precision"] for side in amp] == order
+    md = (sweep / "report" / "report.md").read_text()
+    table_rows = [line for line in md.splitlines() if line.startswith("| ") and "/ emulated-" in line]
+    assert [next(p for p in order if f"/ {p} |" in row) for row in table_rows] == order
+
+
 def test_run_time_line_sums_wall_times(tmp_path, capsys):
     """The report states what its runs cost: summed wall time and each precision's per-run range."""
     sweep = tmp_path / "sweep"

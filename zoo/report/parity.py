@@ -6,6 +6,7 @@ the unit the equivalence margins in configs/report.yaml are written in.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,18 @@ POWER = 0.8  # for the seeds-needed line
 PAIR_KEYS = {"init_weights": "initial-weights", "sample_ids": "first-batch sample-id",
              "batches": "first-batch data", "rng_state": "RNG-state"}
 SINGLE = "single seed, no verdict"
+_PRECISION = re.compile(r"^(emulated-)?(fp16|bf16)-O(\d)(.*)$")
+
+
+def precision_order(precision: str) -> tuple:
+    """Sort key for the rows of a table: fp16 before bf16, O1 before O2, a GPU run before its
+    emulation, a faithful emulation before its ablations; labels of any other form last, by name
+    (alphabetical order put bf16 above fp16, the reverse of how AMP tables are read)."""
+    m = _PRECISION.match(precision)
+    if not m:
+        return (1, precision)
+    emulated, fmt, level, rest = m.groups()
+    return (0, fmt != "fp16", int(level), emulated is not None, rest)
 
 
 def load_margins(path: Path = DEFAULT_CONFIG) -> dict:
@@ -205,7 +218,7 @@ def parity_table(groups: dict, delta: float | None = None, alpha: float = 0.05,
         entry = {"group": _label(key), "model": key[0], "data": key[1], "steps": key[2],
                  "global_batch_size": key[3], "metric": metric, "delta": d, "delta_source": source,
                  "alpha": alpha, "fp32": _side(fp32) if fp32 else None, "amp": []}
-        for prec in sorted(p for p in by_prec if p != FP32):
+        for prec in sorted((p for p in by_prec if p != FP32), key=precision_order):
             side = _side(by_prec[prec])
             if fp32:
                 side.update(compare(by_prec[prec], fp32, d, alpha))
