@@ -376,6 +376,22 @@ def test_eval_noise_and_eval_only_effect_are_shown(tmp_path, capsys):
     assert "Eval-only effect" not in out and "eval-only effect" in (sweep / "report" / "index.html").read_text()
 
 
+def test_seeds_are_listed_in_numeric_order(tmp_path, capsys):
+    """Past ten seeds, text order read "seed 0, seed 1, seed 10, seed 2"; seeds are numbers."""
+    sweep = tmp_path / "sweep"
+    for seed in range(12):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True)
+        make_run(sweep, f"amp_{seed}", seed, 0.70 + 0.0001 * seed, paired=True,
+                 metrics={"top1": 0.70 + 0.0001 * seed}, metrics_fp32_eval={"top1": 0.70})
+    report_tool.main([str(sweep)])
+    out = capsys.readouterr().out
+    listed = ", ".join(f"seed {s} {0.01 * s:+.2f}" for s in range(12))
+    assert f"per-seed differences (emulated-fp16-O1 − fp32, pp): {listed}" in out
+    assert next(line for line in out.splitlines() if "eval-only effect" in line).endswith(f" pp; {listed}")
+    from zoo.report.runs import seed_order
+    assert sorted([10, "b", 2, "a", "11", 0], key=seed_order) == [0, 2, 10, "11", "a", "b"]
+
+
 def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=2, paired=True)
     for run in sweep.iterdir():

@@ -2,6 +2,8 @@
 runs that were not paired, the power line, the eval-only effect and the evaluation noise."""
 from __future__ import annotations
 
+from zoo.report.runs import seed_order
+
 
 def _pp(x: float) -> str:
     return f"{x:+.2f}"
@@ -45,7 +47,7 @@ def comparison_lines(entry: dict, side: dict) -> list[str]:
     if effect:
         lines.append(f"- eval-only effect ({side['precision']} evaluation − FP32 evaluation of the same "
                      f"final weights): mean {_pp(effect['mean'])} pp; "
-                     + _seed_list(sorted(effect["per_seed"].items(), key=lambda kv: str(kv[0]))))
+                     + _seed_list(sorted(effect["per_seed"].items(), key=lambda kv: seed_order(kv[0]))))
     noise = []
     for s in (entry["fp32"], side):
         if s is None:

@@ -218,8 +218,16 @@ def group_runs(runs: list[Run]) -> tuple[dict, list[SetAside]]:
             groups[group_key(run)][run.variant].append(run)
     for by_prec in groups.values():
         for lst in by_prec.values():
-            lst.sort(key=lambda r: (str(r.summary["seed"]), str(r.path)))
+            lst.sort(key=lambda r: (seed_order(r.summary["seed"]), str(r.path)))
     return {k: dict(v) for k, v in sorted(groups.items())}, aside
+
+
+def seed_order(seed) -> tuple:
+    """Sort key for seeds: by number (0, 1, 2, 10; as text 10 came before 2), other labels after."""
+    try:
+        return (0, int(seed), "")
+    except (TypeError, ValueError):
+        return (1, 0, str(seed))
 
 
 def _versions(s: dict) -> dict:
