@@ -392,6 +392,35 @@ def test_seeds_are_listed_in_numeric_order(tmp_path, capsys):
     assert sorted([10, "b", 2, "a", "11", 0], key=seed_order) == [0, 2, 10, "11", "a", "b"]
 
 
+def test_fp32_runs_without_a_partner_are_one_line_per_side(tmp_path, capsys):
+    """A 20-seed FP32 base against a 5-seed row listed 15 identical "no ... run" lines; they are one
+    line naming the seeds, while runs left out for another reason keep their own line and path."""
+    sweep = tmp_path / "sweep"
+    for seed in range(8):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True)
+    for seed in (0, 1, 9):
+        make_run(sweep, f"amp_{seed}", seed, 0.70, paired=True)
+    bad = sweep / "amp_1" / "summary.json"
+    s = json.loads(bad.read_text())
+    s["pairing"]["init_weights"] = "another-init"
+    bad.write_text(json.dumps(s))
+    report_tool.main([str(sweep)])
+    out = capsys.readouterr().out
+    left_out = [line for line in out.splitlines() if line.startswith("- not paired:")]
+    assert left_out == [
+        f"- not paired: `{(sweep / 'amp_1').resolve()}` (seed 1): its initial-weights digest differs "
+        "from FP32 seed 1's (another-init vs init_weights)",
+        f"- not paired: `{(sweep / 'fp32_1').resolve()}` (seed 1): its emulated-fp16-O1 run with seed 1 "
+        "did not pair",
+        f"- not paired: `{(sweep / 'amp_9').resolve()}` (seed 9): no FP32 run with seed 9",
+        "- not paired: the FP32 runs of seeds 2-7 (6 runs): no emulated-fp16-O1 run with those seeds",
+    ], left_out
+    side = json.loads((sweep / "report" / "report.json").read_text())["groups"][0]["amp"][0]
+    assert len(side["unpaired"]) == 9  # report.json keeps every run with its path
+    from zoo.report.details import seed_ranges
+    assert seed_ranges([7, 5, 6, 0, 2, 3, "x", 10]) == "0, 2, 3, 5-7, 10, x"
+
+
 def test_report_refuses_mixed_revisions_unless_allowed(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=2, paired=True)
     for run in sweep.iterdir():

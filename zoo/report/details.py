@@ -13,6 +13,45 @@ def _seed_list(items) -> str:
     return ", ".join(f"seed {seed} {_pp(v)}" for seed, v in items)
 
 
+def seed_ranges(seeds) -> str:
+    """Seeds in numeric order, three or more consecutive ones collapsed: 0, 2, 3, 5-19."""
+    ordered = sorted({str(x) for x in seeds}, key=seed_order)
+    out, start, prev = [], None, None
+    for s in ordered + [None]:
+        n = int(s) if s is not None and s.lstrip("-").isdigit() else None
+        if n is not None and prev is not None and n == prev + 1:
+            prev = n
+            continue
+        if start is not None:
+            out += [str(start)] if start == prev else (
+                [str(start), str(prev)] if prev == start + 1 else [f"{start}-{prev}"])
+            start = prev = None
+        if n is not None:
+            start = prev = n
+        elif s is not None:
+            out.append(s)
+    return ", ".join(out)
+
+
+def unpaired_lines(unpaired: list[dict]) -> list[str]:
+    """One line per run left out, except runs whose seed has no run on the other side: those are one
+    line per side (a 20-seed FP32 base against a 5-seed row would otherwise list 15 lines)."""
+    lines, groups = [], {}
+    for u in unpaired:
+        if u.get("missing"):
+            groups.setdefault((u["run_side"], u["missing"]), []).append(u)
+    for u in unpaired:
+        group = groups.get((u.get("run_side"), u.get("missing"))) if u.get("missing") else None
+        if group and len(group) > 1:
+            if u is group[0]:
+                lines.append(f"- not paired: the {u['run_side']} runs of seeds "
+                             f"{seed_ranges(g['seed'] for g in group)} ({len(group)} runs): no "
+                             f"{u['missing']} run with those seeds")
+            continue
+        lines.append(f"- not paired: `{u['path']}` (seed {u['seed']}): {u['reason']}")
+    return lines
+
+
 def power_text(side: dict, delta: float) -> str:
     """The power line: smallest margin shown, and seeds the configured margin needs."""
     p = side.get("power")
@@ -40,8 +79,7 @@ def comparison_lines(entry: dict, side: dict) -> list[str]:
     if side.get("pairs"):
         lines.append(f"- per-seed differences ({side['precision']} − fp32, pp): "
                      + _seed_list((p["seed"], p["diff"]) for p in side["pairs"]))
-    for u in side.get("unpaired", []):
-        lines.append(f"- not paired: `{u['path']}` (seed {u['seed']}): {u['reason']}")
+    lines += unpaired_lines(side.get("unpaired", []))
     lines.append(f"- {power_text(side, entry['delta'])}")
     effect = side.get("eval_only_effect")
     if effect:

@@ -124,7 +124,8 @@ def pair_runs(amp: list[Run], fp32: list[Run]) -> tuple[list[tuple[Run, Run]], l
             continue
         if not f_runs:
             unpaired.append({"path": str(a_runs[0].path), "seed": a_runs[0].summary["seed"],
-                             "reason": f"no FP32 run with seed {seed}"})
+                             "reason": f"no FP32 run with seed {seed}", "run_side": a_runs[0].variant,
+                             "missing": "FP32"})
             continue
         why = _digest_mismatch(a_runs[0], f_runs[0])
         if why:
@@ -136,7 +137,8 @@ def pair_runs(amp: list[Run], fp32: list[Run]) -> tuple[list[tuple[Run, Run]], l
     for seed, f_runs in f_seeds.items():
         if seed not in a_seeds:
             unpaired += [{"path": str(r.path), "seed": r.summary["seed"],
-                          "reason": f"no {amp[0].variant} run with seed {seed}"} for r in f_runs]
+                          "reason": f"no {amp[0].variant} run with seed {seed}", "run_side": "FP32",
+                          "missing": amp[0].variant} for r in f_runs]
     return pairs, unpaired
 
 
