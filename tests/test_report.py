@@ -376,6 +376,28 @@ def test_eval_noise_and_eval_only_effect_are_shown(tmp_path, capsys):
     assert "Eval-only effect" not in out and "eval-only effect" in (sweep / "report" / "index.html").read_text()
 
 
+def test_a_split_noisier_than_the_margin_is_named(tmp_path, capsys):
+    """The seed-paired test holds the validation images fixed: when one run's evaluation noise is
+    wider than the margin (resnet18's 1000-image quick split, ±2.9 pp against ±1 pp), the report says
+    the verdict does not cover the choice of images; a split quieter than the margin gets no line."""
+    def report(half):
+        sweep = tmp_path / f"sweep_{half}"
+        for seed in range(3):
+            ci = {"low": 0.70 - half, "high": 0.70 + half, "n_images": 1000, "n_resamples": 1000}
+            make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True,
+                     primary_metric={"name": "top1", "value": 0.70, "ci": ci})
+            make_run(sweep, f"amp_{seed}", seed, 0.70 + 0.001 * seed, paired=True,
+                     primary_metric={"name": "top1", "value": 0.70 + 0.001 * seed, "ci": ci})
+        report_tool.main([str(sweep)])
+        return capsys.readouterr().out
+
+    noisy = report(0.0287)
+    assert ("- evaluation split: a run's evaluation noise (±2.87 pp, mean 95% half-width) is wider than "
+            "the ±1 pp margin. All runs are scored on the same 1000 images, so this test covers "
+            "seed-to-seed variation on this split, not the choice of images") in noisy
+    assert "evaluation split:" not in report(0.009)
+
+
 def test_seeds_are_listed_in_numeric_order(tmp_path, capsys):
     """Past ten seeds, text order read "seed 0, seed 1, seed 10, seed 2"; seeds are numbers."""
     sweep = tmp_path / "sweep"

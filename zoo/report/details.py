@@ -98,4 +98,11 @@ def comparison_lines(entry: dict, side: dict) -> list[str]:
         n_img = next(c["n_images"] for s in (entry["fp32"] or {}, side) for c in s.get("eval_ci", []) if c)
         lines.append(f"- evaluation noise (95% bootstrap CI over {n_img} validation images, pp): "
                      + "; ".join(noise))
+        wide = [s["eval_ci_half_width"] for s in (entry["fp32"] or {}, side) if s.get("eval_ci_half_width")]
+        if wide and max(wide) > entry["delta"]:
+            lines.append(f"- evaluation split: a run's evaluation noise (±{max(wide):.2f} pp, mean 95% "
+                         f"half-width) is wider than the ±{entry['delta']:g} pp margin. All runs are scored "
+                         f"on the same {n_img} images, so this test covers seed-to-seed variation on this "
+                         "split, not the choice of images; the image noise of the difference itself is not "
+                         "measured, and on a split this small it can exceed the margin")
     return lines
