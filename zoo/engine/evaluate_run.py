@@ -37,9 +37,9 @@ def resolve_weights(path: str | Path) -> tuple[dict, str]:
     return state, str(path)
 
 
-def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
-    """Build model, task, AMP and the validation split from ``cfg``; load; evaluate; write JSON."""
-    t0 = time.time()
+def evaluate_weights(cfg: DictConfig) -> tuple:
+    """Build model, task, AMP and the validation split from ``cfg``, load ``cfg.checkpoint`` and
+    evaluate: (metrics, task after the evaluation, model, validation set, amp, weights source)."""
     validate(cfg)
     amp = build_amp(cfg)
     seed_everything(cfg.seed)
@@ -54,6 +54,14 @@ def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
     announce(amp.describe(device))
     metrics = evaluate(model, task, amp, val_set, cfg.model.eval_batch_size,
                        cfg.trainer.num_workers, cfg.trainer.progress)
+    return metrics, task, model, val_set, amp, source
+
+
+def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
+    """Evaluate ``cfg.checkpoint`` (:func:`evaluate_weights`) and write JSON."""
+    t0 = time.time()
+    metrics, task, model, val_set, amp, source = evaluate_weights(cfg)
+    device = current_device()
     result = {"model": cfg.model.name, "data": cfg.data.name, "checkpoint": source,
               "requested_precision": amp.requested, "effective_precision": amp.effective,
               "device": device.name, "metrics": metrics,

@@ -103,6 +103,6 @@ def comparison_lines(entry: dict, side: dict) -> list[str]:
             lines.append(f"- evaluation split: a run's evaluation noise (±{max(wide):.2f} pp, mean 95% "
                          f"half-width) is wider than the ±{entry['delta']:g} pp margin. All runs are scored "
                          f"on the same {n_img} images, so this test covers seed-to-seed variation on this "
-                         "split, not the choice of images; the image noise of the difference itself is not "
-                         "measured, and on a split this small it can exceed the margin")
+                         "split, not the choice of images, and on a split this small that choice can exceed the "
+                         "margin: `python tools/split_noise.py <these runs>` measures it")
     return lines

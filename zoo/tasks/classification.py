@@ -56,3 +56,11 @@ class ClassificationTask:
     def bootstrap_primary(self, n_resamples: int) -> dict:
         """Bootstrap CI over validation images of top-1, from the last evaluation's per-image hits."""
         return bootstrap_mean(np.concatenate(self._hits), n_resamples)
+
+    def resampled_primary(self, draws: np.ndarray) -> np.ndarray:
+        """Top-1 of the last evaluation's images, each taken ``draws[r, i]`` times, per row r."""
+        hits = np.concatenate(self._hits).astype(np.float64)
+        return np.asarray(draws, dtype=np.float64) @ hits / hits.size
+
+    def n_evaluated_images(self) -> int:
+        return int(sum(h.size for h in self._hits))

@@ -16,7 +16,7 @@ import paddle
 
 from zoo.engine import distributed as dist
 from zoo.losses import DBLoss
-from zoo.metrics.bootstrap import bootstrap_hmean
+from zoo.metrics.bootstrap import bootstrap_hmean, hmean_from_sums
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
@@ -94,6 +94,14 @@ class DBTask:
         """Bootstrap CI over validation images of hmean: per-image (gt_care, det_care, matched)
         rows are resampled and hmean recomputed from their sums."""
         return bootstrap_hmean(self._counts, n_resamples)
+
+    def resampled_primary(self, draws: np.ndarray) -> np.ndarray:
+        """hmean of the last evaluation's images, each taken ``draws[r, i]`` times, per row r."""
+        sums = np.asarray(draws, dtype=np.float64) @ np.asarray(self._counts, dtype=np.float64).reshape(-1, 3)
+        return hmean_from_sums(sums[:, 0], sums[:, 1], sums[:, 2])
+
+    def n_evaluated_images(self) -> int:
+        return len(self._counts)
 
 
     @paddle.no_grad()

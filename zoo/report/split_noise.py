@@ -1,0 +1,126 @@
+"""How much of a paired AMP-minus-FP32 difference is the choice of validation images
+(``tools/split_noise.py``).
+
+The report's paired test scores every run on the same validation split, so its CI covers seed-to-seed
+variation on that split, not which images the split happens to hold. Here the images are resampled
+instead, with the pairs fixed: each run folder's final weights are evaluated again (in the run's own
+precision, from its config.yaml; the result must equal its summary.json, or the run is refused), and
+one set of bootstrap draws over the images is applied to every run, so that each replicate scores all
+runs on the same resampled split. The spread of the replicates' mean paired difference is the image
+noise of the difference; when it is wider than the margin, the verdict depends on the split.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from zoo.metrics.bootstrap import SEED, percentile_ci, resample_counts
+from zoo.report.parity import FP32, load_margins, pair_runs, pick_delta, precision_order
+from zoo.report.runs import ReportInputError, Run, group_runs, load_runs
+
+DEFAULT_RESAMPLES = 1000
+LEVEL = 0.90  # the level of the report's TOST CI, so the half-width reads against the same margin
+MAX_MAP_RESAMPLES = 200  # COCOeval's accumulate runs once per replicate and run
+
+
+def difference_interval(amp: np.ndarray, fp32: np.ndarray, level: float = LEVEL) -> dict:
+    """Mean over pairs of (AMP - FP32) per replicate, in pp: ``amp`` and ``fp32`` are
+    [pairs, replicates] arrays of the metric (fractions) on shared resampled splits."""
+    amp, fp32 = np.asarray(amp, dtype=np.float64), np.asarray(fp32, dtype=np.float64)
+    if amp.shape != fp32.shape or amp.ndim != 2 or amp.shape[0] < 1:
+        raise ValueError(f"expected two [pairs, replicates] arrays of one shape, got {amp.shape} and {fp32.shape}")
+    replicates = 100.0 * (amp - fp32).mean(axis=0)
+    lo, hi = percentile_ci(replicates, level)
+    return {"low": lo, "high": hi, "half_width": (hi - lo) / 2.0, "level": level,
+            "n_resamples": int(amp.shape[1]), "replicate_mean": float(replicates.mean())}
+
+
+def evaluate_run(run: Run):
+    """Evaluate ``run``'s final weights as training did; return the task holding the per-image
+    outcomes. Refuses a run whose evaluation does not reproduce its recorded primary metric."""
+    from omegaconf import OmegaConf
+
+    from zoo.engine.evaluate_run import evaluate_weights
+
+    cfg_path = run.path / "config.yaml"
+    if not cfg_path.is_file():
+        raise ReportInputError(f"{cfg_path}: no config.yaml, so the run cannot be evaluated again")
+    cfg = OmegaConf.load(cfg_path)
+    OmegaConf.set_struct(cfg, False)
+    cfg.checkpoint, cfg.output = str(run.path), None
+    cfg.trainer.progress, cfg.trainer.draw_samples = False, 0
+    evaluated_in = run.summary["primary_metric"].get("evaluated_in")
+    if evaluated_in not in (None, run.precision):
+        raise ReportInputError(f"{run.path / 'summary.json'}: primary_metric was evaluated in "
+                               f"{evaluated_in}, not the run's {run.precision}; not supported here")
+    metrics, task, *_ = evaluate_weights(cfg)
+    got = float(metrics[task.primary_metric])
+    if not hasattr(task, "resampled_primary"):
+        raise ReportInputError(f"{run.path}: task {type(task).__name__} cannot resample its images")
+    if abs(got - run.metric) > 1e-9:
+        raise ReportInputError(f"{run.path}: evaluating its weights again gives {task.primary_metric} "
+                               f"{got:.6f}, its summary.json says {run.metric:.6f}: not the setup that "
+                               "trained it (data, code or weights changed), so its images cannot be resampled")
+    return task
+
+
+def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEVEL,
+                delta: float | None = None, progress=print) -> list[dict]:
+    """One entry per AMP-vs-FP32 comparison with two or more pairs: the mean paired difference and
+    its interval over resampled images (pairs fixed), against the group's margin."""
+    groups, _ = group_runs(load_runs(inputs))
+    margins = load_margins()
+    tasks: dict[Path, object] = {}
+
+    def outcomes(run: Run):
+        if run.path not in tasks:
+            progress(f"evaluating {run.path} ({run.variant}, seed {run.summary['seed']})")
+            tasks[run.path] = evaluate_run(run)
+        return tasks[run.path]
+
+    out = []
+    for key, by_prec in groups.items():
+        fp32 = by_prec.get(FP32)
+        if not fp32:
+            continue
+        for prec in sorted((p for p in by_prec if p != FP32), key=precision_order):
+            pairs, _ = pair_runs(by_prec[prec], fp32)
+            if len(pairs) < 2:
+                continue
+            d, _source = pick_delta(pairs[0][1].metric_name, key[2], margins, delta)
+            amp_tasks = [outcomes(a) for a, _ in pairs]
+            fp32_tasks = [outcomes(f) for _, f in pairs]
+            n_images = amp_tasks[0].n_evaluated_images()
+            runs = [a for a, _ in pairs] + [f for _, f in pairs]
+            for t, r in zip(amp_tasks + fp32_tasks, runs):
+                if t.n_evaluated_images() != n_images:
+                    raise ReportInputError(f"{r.path}: its validation split has {t.n_evaluated_images()} "
+                                           f"images, {pairs[0][0].path}'s {n_images}: not one split")
+            n = min(n_resamples, MAX_MAP_RESAMPLES) if r.metric_name == "mAP" else n_resamples
+            draws = resample_counts(n_images, n, SEED)
+            amp_rep = np.stack([t.resampled_primary(draws) for t in amp_tasks])
+            fp32_rep = np.stack([t.resampled_primary(draws) for t in fp32_tasks])
+            interval = difference_interval(amp_rep, fp32_rep, level)
+            diffs = [100.0 * (a.metric - f.metric) for a, f in pairs]
+            out.append({"group": key, "precision": prec, "metric": pairs[0][1].metric_name,
+                        "delta": d, "n_pairs": len(pairs), "n_images": n_images,
+                        "mean_difference": float(np.mean(diffs)), **interval,
+                        "wider_than_margin": interval["half_width"] > d})
+    return out
+
+
+def lines(entries: list[dict]) -> list[str]:
+    """One Markdown line per comparison."""
+    from zoo.report.parity import _label
+
+    text = []
+    for e in entries:
+        verdict = ("wider than the margin, so the verdict can turn on which images the split holds"
+                   if e["wider_than_margin"] else "inside the margin")
+        text.append(f"- **{_label(e['group'])} / {e['precision']} vs fp32** ({e['n_pairs']} pairs, "
+                    f"{e['n_images']} images): mean difference {e['mean_difference']:+.2f} pp; resampling "
+                    f"the images with the pairs fixed ({e['n_resamples']} draws) gives a {e['level']:.0%} "
+                    f"interval [{e['low']:+.2f}, {e['high']:+.2f}] pp, half-width ±{e['half_width']:.2f} "
+                    f"pp against the ±{e['delta']:g} pp margin: {verdict}")
+    return text
