@@ -17,13 +17,32 @@ def test_difference_interval_hand_computed():
     # one pair, three replicates: differences 10, 20, 30 pp; numpy's linear percentiles at 90 %
     # are 10 + 0.05 * 2 * 10 = 11 and 30 - 1 = 29
     r = difference_interval([[0.7, 0.8, 0.9]], [[0.6, 0.6, 0.6]])
-    assert (r["low"], r["high"], r["half_width"]) == pytest.approx((11.0, 29.0, 9.0))
+    assert (r["low"], r["high"], r["half_width"], r["se"]) == pytest.approx((11.0, 29.0, 9.0, 10.0))
     # two pairs: the replicate is the mean over pairs, (10 + 0) / 2, (20 + 10) / 2, (30 + 20) / 2 =
     # 5, 15, 25, whose 90 % percentiles are 5 + 0.1 * 10 = 6 and 25 - 1 = 24
     r = difference_interval([[0.7, 0.8, 0.9], [0.5, 0.6, 0.7]], [[0.6] * 3, [0.5] * 3])
     assert (r["low"], r["high"]) == pytest.approx((6.0, 24.0))
     with pytest.raises(ValueError, match="one shape"):
         difference_interval([[0.1, 0.2]], [[0.1, 0.2, 0.3]])
+
+
+def test_image_noise_added_to_the_paired_test_hand_computed():
+    from zoo.report.split_noise import with_image_noise
+    from zoo.report.stats import t_ppf
+
+    # differences 1, 2, 3 pp: mean 2, sd 1, seed se 1/sqrt(3); image se 1 -> se sqrt(1/3 + 1) = 1.1547
+    r = with_image_noise([1.0, 2.0, 3.0], 1.0, delta=5.0)
+    se = (1 / 3 + 1) ** 0.5
+    assert r["se"] == pytest.approx(se) and r["se_seeds"] == pytest.approx(3 ** -0.5)
+    half = t_ppf(0.95, 2) * se  # 2.919986 * 1.154701 = 3.371709
+    assert half == pytest.approx(3.371709, abs=1e-5)
+    assert r["ci"] == pytest.approx([2 - half, 2 + half])
+    assert r["verdict"] == "not shown"  # upper bound 5.37 > 5
+    # without image noise the same differences are equivalent at +-5 (2 + 2.92 / sqrt(3) = 3.69)
+    assert with_image_noise([1.0, 2.0, 3.0], 0.0, delta=5.0)["verdict"] == "equivalent"
+    # and a large image noise turns a seeds-only "different" into "not shown"
+    assert with_image_noise([3.0, 3.1, 2.9, 3.05, 2.95], 0.0, delta=1.0)["verdict"] == "different"
+    assert with_image_noise([3.0, 3.1, 2.9, 3.05, 2.95], 2.0, delta=1.0)["verdict"] == "not shown"
 
 
 def test_tasks_resample_their_images_as_the_metric_pools_them():
@@ -61,8 +80,8 @@ def test_split_noise_of_a_real_sweep(tiny_sweep, tmp_path):
     res = run_tool(["tools/split_noise.py", str(sweep), "--resamples", "200", "--out", str(out)], cwd=ROOT)
     assert res.returncode in (0, 1), res.stderr[-2000:]
     entry = json.loads(out.read_text())[0]
-    assert entry["n_pairs"] == 2 and entry["n_images"] == 48 and entry["n_resamples"] == 200
-    assert "(2 pairs, 48 images)" in res.stdout and "against the ±" in res.stdout
+    assert entry["n_pairs"] == 2 and entry["n_images"] == 48 and entry["images"]["n_resamples"] == 200
+    assert "(2 pairs, 48 images, margin ±" in res.stdout and "  - images only (pairs fixed, 200 draws" in res.stdout
     # the mean difference is the summaries' own
     runs = {p.name: json.loads((p / "summary.json").read_text()) for p in sweep.iterdir() if p.is_dir()}
     value = {(s["effective_precision"], s["seed"]): s["primary_metric"]["value"] for s in runs.values()}
@@ -79,9 +98,9 @@ def test_split_noise_of_a_real_sweep(tiny_sweep, tmp_path):
     draws = resample_counts(48, 200, 0)
     rep = np.mean([draws @ (hits[("emulated-fp16-O1", s)] - hits[("fp32", s)]) / 48 for s in (0, 1)], axis=0)
     lo, hi = np.quantile(100 * rep, [0.05, 0.95])
-    assert (entry["low"], entry["high"]) == pytest.approx((lo, hi))
-    assert entry["wider_than_margin"] == ((hi - lo) / 2 > entry["delta"])
-    assert res.returncode == (1 if entry["wider_than_margin"] else 0)
+    assert (entry["images"]["low"], entry["images"]["high"]) == pytest.approx((lo, hi))
+    assert entry["images"]["se"] == pytest.approx(float(np.std(100 * rep, ddof=1)))
+    assert res.returncode == (0 if entry["with_image_noise"]["verdict"] == "equivalent" else 1)
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ instead, with the pairs fixed: each run folder's final weights are evaluated aga
 precision, from its config.yaml; the result must equal its summary.json, or the run is refused), and
 one set of bootstrap draws over the images is applied to every run, so that each replicate scores all
 runs on the same resampled split. The spread of the replicates' mean paired difference is the image
-noise of the difference; when it is wider than the margin, the verdict depends on the split.
+noise of the difference. Added to the seed-to-seed standard error of the paired test, it gives a
+verdict that covers both the seeds and the choice of images (conservatively: each pair's own image
+noise, already in the seed-to-seed spread, is counted twice).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 from zoo.metrics.bootstrap import SEED, percentile_ci, resample_counts
 from zoo.report.parity import FP32, load_margins, pair_runs, pick_delta, precision_order
 from zoo.report.runs import ReportInputError, Run, group_runs, load_runs
+from zoo.report.stats import paired_tost
 
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.90  # the level of the report's TOST CI, so the half-width reads against the same margin
@@ -33,7 +36,28 @@ def difference_interval(amp: np.ndarray, fp32: np.ndarray, level: float = LEVEL)
     replicates = 100.0 * (amp - fp32).mean(axis=0)
     lo, hi = percentile_ci(replicates, level)
     return {"low": lo, "high": hi, "half_width": (hi - lo) / 2.0, "level": level,
-            "n_resamples": int(amp.shape[1]), "replicate_mean": float(replicates.mean())}
+            "n_resamples": int(amp.shape[1]), "replicate_mean": float(replicates.mean()),
+            "se": float(replicates.std(ddof=1)) if replicates.size > 1 else 0.0}
+
+
+def with_image_noise(diffs, image_se: float, delta: float, alpha: float = 0.05) -> dict:
+    """The report's paired TOST with the image noise added: standard error sqrt(se_seeds^2 +
+    se_images^2) on n - 1 df. Conservative: each pair's own image noise is already part of the
+    seed-to-seed spread and is counted again; what the paired test leaves out is the part common
+    to all pairs (they share the images)."""
+    from zoo.report.parity import _verdict
+    from zoo.report.stats import _tost_from, t_cdf
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size < 2:
+        raise ValueError("needs at least two pairs")
+    se_seeds = float(d.std(ddof=1) / np.sqrt(d.size))
+    se = float(np.hypot(se_seeds, image_se))
+    t = _tost_from(float(d.mean()), se, float(d.size - 1), delta, alpha)
+    p_diff = 1.0 if se == 0 and d.mean() == 0 else (
+        0.0 if se == 0 else min(1.0, 2.0 * (1.0 - t_cdf(abs(float(d.mean())) / se, d.size - 1))))
+    return {"ci": list(t["ci"]), "se": se, "se_seeds": se_seeds, "se_images": float(image_se),
+            "p_diff": p_diff, "verdict": _verdict(t["equivalent"], p_diff, float(d.mean()), delta, alpha)}
 
 
 def evaluate_run(run: Run):
@@ -66,9 +90,9 @@ def evaluate_run(run: Run):
 
 
 def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEVEL,
-                delta: float | None = None, progress=print) -> list[dict]:
-    """One entry per AMP-vs-FP32 comparison with two or more pairs: the mean paired difference and
-    its interval over resampled images (pairs fixed), against the group's margin."""
+                delta: float | None = None, alpha: float = 0.05, progress=print) -> list[dict]:
+    """One entry per AMP-vs-FP32 comparison with two or more pairs: the mean paired difference, its
+    interval over resampled images (pairs fixed), and the paired TOST with that noise added."""
     groups, _ = group_runs(load_runs(inputs))
     margins = load_margins()
     tasks: dict[Path, object] = {}
@@ -103,24 +127,32 @@ def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEV
             fp32_rep = np.stack([t.resampled_primary(draws) for t in fp32_tasks])
             interval = difference_interval(amp_rep, fp32_rep, level)
             diffs = [100.0 * (a.metric - f.metric) for a, f in pairs]
+            seeds_only = paired_tost([100.0 * a.metric for a, _ in pairs], [100.0 * f.metric for _, f in pairs],
+                                     d, alpha)
+            combined = with_image_noise(diffs, interval["se"], d, alpha)
             out.append({"group": key, "precision": prec, "metric": pairs[0][1].metric_name,
                         "delta": d, "n_pairs": len(pairs), "n_images": n_images,
-                        "mean_difference": float(np.mean(diffs)), **interval,
-                        "wider_than_margin": interval["half_width"] > d})
+                        "mean_difference": float(np.mean(diffs)), "images": interval,
+                        "seeds_only_ci": list(seeds_only["ci"]), "with_image_noise": combined})
     return out
 
 
 def lines(entries: list[dict]) -> list[str]:
-    """One Markdown line per comparison."""
+    """Markdown lines per comparison: the image interval, then the verdict with it added."""
     from zoo.report.parity import _label
 
     text = []
     for e in entries:
-        verdict = ("wider than the margin, so the verdict can turn on which images the split holds"
-                   if e["wider_than_margin"] else "inside the margin")
-        text.append(f"- **{_label(e['group'])} / {e['precision']} vs fp32** ({e['n_pairs']} pairs, "
-                    f"{e['n_images']} images): mean difference {e['mean_difference']:+.2f} pp; resampling "
-                    f"the images with the pairs fixed ({e['n_resamples']} draws) gives a {e['level']:.0%} "
-                    f"interval [{e['low']:+.2f}, {e['high']:+.2f}] pp, half-width ±{e['half_width']:.2f} "
-                    f"pp against the ±{e['delta']:g} pp margin: {verdict}")
+        im, c = e["images"], e["with_image_noise"]
+        text += [f"- **{_label(e['group'])} / {e['precision']} vs fp32** ({e['n_pairs']} pairs, "
+                 f"{e['n_images']} images, margin ±{e['delta']:g} pp): mean difference "
+                 f"{e['mean_difference']:+.2f} pp",
+                 f"  - seeds only (the report's paired test, images fixed): 90% CI "
+                 f"[{e['seeds_only_ci'][0]:+.2f}, {e['seeds_only_ci'][1]:+.2f}], standard error "
+                 f"{c['se_seeds']:.2f} pp",
+                 f"  - images only (pairs fixed, {im['n_resamples']} draws over the images): "
+                 f"{im['level']:.0%} interval [{im['low']:+.2f}, {im['high']:+.2f}], standard error "
+                 f"{im['se']:.2f} pp",
+                 f"  - both (standard errors added in quadrature, conservative): 90% CI "
+                 f"[{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}], verdict {c['verdict']}"]
     return text
