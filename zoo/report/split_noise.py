@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from zoo.metrics.bootstrap import SEED, percentile_ci, resample_counts
-from zoo.report.parity import FP32, load_margins, pair_runs, pick_delta, precision_order
+from zoo.report.parity import FP32, _label, _verdict, load_margins, pair_runs, pick_delta, precision_order
 from zoo.report.runs import ReportInputError, Run, group_runs, load_runs
-from zoo.report.stats import paired_tost
+from zoo.report.stats import _tost_from, paired_tost, t_test_from
 
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.90  # the level of the report's TOST CI, so the half-width reads against the same margin
@@ -45,17 +45,13 @@ def with_image_noise(diffs, image_se: float, delta: float, alpha: float = 0.05) 
     se_images^2) on n - 1 df. Conservative: each pair's own image noise is already part of the
     seed-to-seed spread and is counted again; what the paired test leaves out is the part common
     to all pairs (they share the images)."""
-    from zoo.report.parity import _verdict
-    from zoo.report.stats import _tost_from, t_cdf
-
     d = np.asarray(diffs, dtype=np.float64)
     if d.size < 2:
         raise ValueError("needs at least two pairs")
     se_seeds = float(d.std(ddof=1) / np.sqrt(d.size))
     se = float(np.hypot(se_seeds, image_se))
     t = _tost_from(float(d.mean()), se, float(d.size - 1), delta, alpha)
-    p_diff = 1.0 if se == 0 and d.mean() == 0 else (
-        0.0 if se == 0 else min(1.0, 2.0 * (1.0 - t_cdf(abs(float(d.mean())) / se, d.size - 1))))
+    p_diff = t_test_from(float(d.mean()), se, float(d.size - 1))["p"]
     return {"ci": list(t["ci"]), "se": se, "se_seeds": se_seeds, "se_images": float(image_se),
             "p_diff": p_diff, "verdict": _verdict(t["equivalent"], p_diff, float(d.mean()), delta, alpha)}
 
@@ -121,7 +117,8 @@ def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEV
                 if t.n_evaluated_images() != n_images:
                     raise ReportInputError(f"{r.path}: its validation split has {t.n_evaluated_images()} "
                                            f"images, {pairs[0][0].path}'s {n_images}: not one split")
-            n = min(n_resamples, MAX_MAP_RESAMPLES) if r.metric_name == "mAP" else n_resamples
+            metric = pairs[0][1].metric_name
+            n = min(n_resamples, MAX_MAP_RESAMPLES) if metric == "mAP" else n_resamples
             draws = resample_counts(n_images, n, SEED)
             amp_rep = np.stack([t.resampled_primary(draws) for t in amp_tasks])
             fp32_rep = np.stack([t.resampled_primary(draws) for t in fp32_tasks])
@@ -130,7 +127,7 @@ def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEV
             seeds_only = paired_tost([100.0 * a.metric for a, _ in pairs], [100.0 * f.metric for _, f in pairs],
                                      d, alpha)
             combined = with_image_noise(diffs, interval["se"], d, alpha)
-            out.append({"group": key, "precision": prec, "metric": pairs[0][1].metric_name,
+            out.append({"group": key, "precision": prec, "metric": metric,
                         "delta": d, "n_pairs": len(pairs), "n_images": n_images,
                         "mean_difference": float(np.mean(diffs)), "images": interval,
                         "seeds_only_ci": list(seeds_only["ci"]), "with_image_noise": combined})
@@ -139,8 +136,6 @@ def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEV
 
 def lines(entries: list[dict]) -> list[str]:
     """Markdown lines per comparison: the image interval, then the verdict with it added."""
-    from zoo.report.parity import _label
-
     text = []
     for e in entries:
         im, c = e["images"], e["with_image_noise"]

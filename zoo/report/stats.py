@@ -168,7 +168,11 @@ def paired_tost(a, b, delta: float, alpha: float = 0.05) -> dict:
 def paired_t_test(a, b) -> dict:
     """Two-sided one-sample t test of the per-seed differences against 0."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    diff, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1)
+    return t_test_from(float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1))
+
+
+def t_test_from(diff: float, se: float, df: float) -> dict:
+    """Two-sided t test of a difference estimate with standard error ``se`` on ``df`` df against 0."""
     if se == 0.0:
         return {"diff": diff, "se": 0.0, "df": df, "t": 0.0 if diff == 0 else math.copysign(math.inf, diff),
                 "p": 1.0 if diff == 0 else 0.0}
