@@ -118,3 +118,14 @@ def test_a_run_whose_metric_does_not_reproduce_is_refused(tiny_sweep, tmp_path):
     # a single run has no pair to resample: said so, exit 2
     res = run_tool(["tools/split_noise.py", str(victim)], cwd=ROOT)
     assert res.returncode == 2 and "no AMP-vs-FP32 comparison with two or more paired seeds" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_run_without_its_config_is_named(tiny_sweep, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(tiny_sweep, sweep)
+    victim = next(p for p in sorted(sweep.iterdir()) if p.name.endswith("fp32_seed0"))
+    (victim / "config.yaml").unlink()
+    res = run_tool(["tools/split_noise.py", str(sweep)], cwd=ROOT, timeout=300)
+    assert res.returncode == 2
+    assert f"error: {victim / 'config.yaml'}: no config.yaml, so the run cannot be evaluated again" in res.stderr
