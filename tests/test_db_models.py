@@ -11,7 +11,8 @@ import numpy as np
 import paddle
 import pytest
 
-from zoo.models import compare_state_dict, create_model, list_models
+from zoo.models import create_model, list_models
+from zoo.weights.loading import compare_state_dict
 
 from conftest import SPEC_DIR  # noqa: E402
 # model -> (spec file, entries, trainable parameters, sha256 of the sorted spec lines)
@@ -276,7 +277,7 @@ def test_paddleocr_train_tar_and_backbone_only_files_load(tmp_path):
     import tarfile
 
     import zoo
-    from zoo.models.registry import load_checkpoint
+    from zoo.weights.loading import load_checkpoint
 
     paddle.seed(3)
     src = zoo.create_model("db_det_tiny")

@@ -8,7 +8,7 @@ from conftest import ROOT, TINY, run_tool
 
 import zoo
 from zoo.engine import checkpoint as ckpt
-from zoo.engine.distributed import parameter_digest
+from zoo.utils.distributed import parameter_digest
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from zoo.amp import Amp, current_device
 from zoo.amp.capability import BF16_MIN_CC, FP16_MIN_CC
 from zoo.amp.emulation import Emulation
 from zoo.data import TrainBatchSampler, build_loader
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 
 HAS_CUDA_BUILD = paddle.is_compiled_with_cuda()
 DEVICES = paddle.device.cuda.device_count() if HAS_CUDA_BUILD else 0

@@ -10,13 +10,13 @@ import pytest
 import zoo
 from zoo.models import (
     UnknownModelError,
-    compare_state_dict,
     create_model,
     list_models,
     register_model,
     registry,
 )
 from zoo.models.resnet import ResNet
+from zoo.weights.loading import compare_state_dict
 
 ALL_MODELS = [
     "resnet18", "resnet34", "resnet50", "resnet101",

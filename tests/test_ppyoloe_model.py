@@ -9,7 +9,7 @@ import pytest
 
 import zoo
 from zoo.models.heads.ppyoloe_head import decode_distribution
-from zoo.models.registry import load_checkpoint
+from zoo.weights.loading import load_checkpoint
 
 from conftest import SPEC_DIR
 

@@ -10,7 +10,7 @@ from conftest import ROOT
 
 from zoo.engine.run import train
 from zoo.engine.runlock import LOCK_NAME, RunFolderBusy, RunLock
-from zoo.fileio import atomic_write
+from zoo.utils.fileio import atomic_write
 
 
 def _dead_pid() -> int:

@@ -21,7 +21,7 @@ import pytest
 
 import zoo
 from zoo.engine import checkpoint as ckpt
-from zoo.models.registry import read_state
+from zoo.weights.loading import read_state
 from zoo.weights import (PickleLoadError, SafetensorsError, UnsafePickleError, load_file, safe_load, save_file,
                          save_state)
 

@@ -416,7 +416,7 @@ def test_a_run_folder_is_a_weights_source_and_fine_tuning_starts_from_its_best(t
     """model.net.pretrained=<run folder> (what experiment=parity_db_det_ft's finetune_from sets) loads
     that run's checkpoints/best.pdparams: the fine-tune run's initial weights are the base's weights,
     and summary.json names the file and its sha256."""
-    from zoo.engine.distributed import parameter_digest
+    from zoo.utils.distributed import parameter_digest
     from zoo.engine.run import train
 
     base = tmp_path / "base"

@@ -1,12 +1,12 @@
 """Image-classification data: datasets, deterministic transforms, samplers."""
 
-from .cache import cache_dir
-from .classification import ClassificationData, ClassificationDataset
-from .coco import COCODetData, COCODetDataset, load_coco_instances
-from .loader import SampleLoadError
-from .sampler import EvalBatchSampler, TrainBatchSampler, build_loader
-from .synthetic_detection import SyntheticShapesDetData
-from .synthetic_shapes import SyntheticShapesData
+from zoo.utils.cache import cache_dir
+from zoo.data.classification import ClassificationData, ClassificationDataset
+from zoo.data.coco import COCODetData, COCODetDataset, load_coco_instances
+from zoo.data.loader import SampleLoadError
+from zoo.data.sampler import EvalBatchSampler, TrainBatchSampler, build_loader
+from zoo.data.synthetic_detection import SyntheticShapesDetData
+from zoo.data.synthetic_shapes import SyntheticShapesData
 
 __all__ = [
     "ClassificationData",

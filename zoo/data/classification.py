@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 import paddle
 
-from .images import ImageDecodeError, decode_image
-from .transforms import ClassificationTransform
+from zoo.data.images import ImageDecodeError, decode_image
+from zoo.data.transforms import ClassificationTransform
 
 __all__ = ["ClassificationData", "ClassificationDataset", "ImageDecodeError", "read_image_bgr", "read_image_rgb"]
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from .classification import read_image_rgb
-from .images import ImageDecodeError, verify_image_file
-from .det_box_transforms import INTERPOLATIONS, MEAN, STD, BoxEvalTransform, BoxTrainTransform, pad_targets, \
+from zoo.data.classification import read_image_rgb
+from zoo.data.images import ImageDecodeError, verify_image_file
+from zoo.data.det_box_transforms import INTERPOLATIONS, MEAN, STD, BoxEvalTransform, BoxTrainTransform, pad_targets, \
     resize_batch
 
 __all__ = ["COCODetData", "COCODetDataset", "CocoInstances", "PPYOLOE_MULTISCALE", "load_coco_instances"]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from .transforms import normalize_chw
+from zoo.data.transforms import normalize_chw
 
 __all__ = ["BoxEvalTransform", "BoxTrainTransform", "INTERPOLATIONS", "flip_boxes", "pad_targets",
            "random_crop", "random_distort", "random_expand", "resize_batch", "resize_with_boxes"]

@@ -40,10 +40,10 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from .det_geometry import (augment_and_crop, crop_area, east_random_crop, iaa_augment, map_scale,
+from zoo.data.det_geometry import (augment_and_crop, crop_area, east_random_crop, iaa_augment, map_scale,
                            plan_augment_and_crop, warp_crop)
-from .det_labels import make_border_map, make_shrink_map
-from .transforms import chw_uint8, normalize_chw
+from zoo.data.det_labels import make_border_map, make_shrink_map
+from zoo.data.transforms import chw_uint8, normalize_chw
 
 __all__ = ["DetEvalTransform", "DetTrainTransform", "augment_and_crop", "crop_area", "east_random_crop",
            "iaa_augment"]
@@ -128,7 +128,7 @@ class DetTrainTransform:
         bilinear sample at that scale) and the warp starts from the reduced image. ``clip(polys,
         ignore, h, w)`` clips the polygons to the image first.
         """
-        from .images import decode_image, image_size
+        from zoo.data.images import decode_image, image_size
 
         clock = clock or _no_clock
         clip = clip or (lambda p, g, h, w: (p, g))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .classification import read_image_rgb
-from .text_det import TextDetDataset
+from zoo.data.classification import read_image_rgb
+from zoo.data.text_det import TextDetDataset
 
 __all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "run", "summarize"]
 
@@ -126,8 +126,8 @@ class PaddleOCRWorker:
 
 def loader_images_per_s(ds, batch_size: int, num_workers: int, steps: int, warmup: int = 2) -> float:
     """Images/s the training loader delivers with ``num_workers`` (no model), after ``warmup`` batches."""
-    from .loader import build_loader
-    from .sampler import TrainBatchSampler
+    from zoo.data.loader import build_loader
+    from zoo.data.sampler import TrainBatchSampler
 
     sampler = TrainBatchSampler(len(ds), batch_size, seed=0, stop_step=warmup + steps)
     it = iter(build_loader(ds, sampler, num_workers))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .loader import build_loader  # noqa: F401  (re-exported: it was defined here)
+from zoo.data.loader import build_loader  # noqa: F401  (re-exported: it was defined here)
 
 __all__ = ["EvalBatchSampler", "TrainBatchSampler", "build_loader"]
 

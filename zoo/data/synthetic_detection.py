@@ -28,8 +28,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .cache import cache_dir, publish_atomically
-from .coco import COCODetData
+from zoo.utils.cache import cache_dir, publish_atomically
+from zoo.data.coco import COCODetData
 
 __all__ = ["DET_SHAPE_NAMES", "SyntheticShapesDetData", "generate_dataset", "render_detection_image"]
 

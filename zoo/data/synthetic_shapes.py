@@ -21,8 +21,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .cache import cache_dir, publish_atomically
-from .classification import ClassificationData
+from zoo.utils.cache import cache_dir, publish_atomically
+from zoo.data.classification import ClassificationData
 
 __all__ = ["SHAPE_NAMES", "SyntheticShapesData", "generate_dataset", "render_shape_image"]
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .cache import cache_dir, publish_atomically
-from .text_det import TextDetData
+from zoo.utils.cache import cache_dir, publish_atomically
+from zoo.data.text_det import TextDetData
 
 __all__ = ["SyntheticTextData", "generate_dataset", "render_text_image"]
 

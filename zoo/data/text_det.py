@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from .classification import read_image_bgr, read_image_rgb
-from .images import ImageDecodeError, image_size, verify_image_file
-from .det_transforms import DetEvalTransform, DetTrainTransform
-from .memory import check_keep_freed_memory, keep_freed_memory
+from zoo.data.classification import read_image_bgr, read_image_rgb
+from zoo.data.images import ImageDecodeError, image_size, verify_image_file
+from zoo.data.det_transforms import DetEvalTransform, DetTrainTransform
+from zoo.data.memory import check_keep_freed_memory, keep_freed_memory
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
 log = logging.getLogger(__name__)

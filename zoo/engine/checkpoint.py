@@ -14,22 +14,14 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.fileio import atomic_write
+from zoo.weights.loading import compare_state_dict
+from zoo.utils.runfolder import BEST, CKPT_DIR, LAST, atomic_save  # noqa: F401  (re-exported: the engine's names)
 
 log = logging.getLogger(__name__)
-
-LAST = "last.pdckpt"
-BEST = "best.pdparams"
-CKPT_DIR = "checkpoints"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or does not fit this run; the message names the file."""
-
-
-def atomic_save(obj, path: str | Path) -> Path:
-    """``paddle.save`` to ``path`` through a temp file + rename (never a partial file)."""
-    return atomic_write(path, lambda tmp: paddle.save(obj, str(tmp)))
 
 
 def read(path: str | Path):
@@ -122,8 +114,6 @@ def check_fits(model, weights: dict, source, what: str) -> None:
     Missing, unexpected and shape-mismatched keys are listed separately (Paddle's own
     ``set_state_dict`` reports a shape mismatch as both missing and unexpected).
     """
-    from zoo.models import compare_state_dict
-
     report = compare_state_dict(model.state_dict(), weights)
     if report["missing"] or report["unexpected"] or report["shape_mismatch"]:
         parts = [f"{k.replace('_', ' ')} {len(report[k])} {report[k][:5]}"

@@ -5,7 +5,7 @@ import paddle
 from tqdm import tqdm
 
 from zoo.data import EvalBatchSampler, build_loader
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 
 
 def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,

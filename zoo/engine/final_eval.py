@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 
 from zoo.amp import Amp
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 from zoo.engine.evaluate import evaluate
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zoo.fileio import with_filename
+from zoo.utils.fileio import with_filename
 
 
 class MetricsLog:

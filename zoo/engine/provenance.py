@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.data import TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 
 DIGEST_BATCHES = 3  # first batches hashed for the pairing check
 # Config keys left out of config_digest: the precision itself and the seed (what a parity sweep

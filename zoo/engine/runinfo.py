@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paddle
 
-from zoo.fileio import with_filename
+from zoo.utils.fileio import with_filename
 
 _REPO = Path(__file__).resolve().parents[2]
 

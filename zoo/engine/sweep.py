@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.engine.checkpoint import CKPT_DIR, LAST
+from zoo.utils.runfolder import CKPT_DIR, LAST
 
 TRAIN = Path(__file__).resolve().parents[2] / "tools" / "train.py"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # job folder names: a value's other characters become "_"

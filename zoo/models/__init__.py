@@ -5,7 +5,6 @@ from zoo.models import ppyoloe  # noqa: F401
 from zoo.models import resnet  # noqa: F401  (imported so its models register)
 from zoo.models.registry import (
     UnknownModelError,
-    compare_state_dict,
     create_model,
     list_models,
     register_model,
@@ -16,5 +15,4 @@ __all__ = [
     "list_models",
     "create_model",
     "UnknownModelError",
-    "compare_state_dict",
 ]

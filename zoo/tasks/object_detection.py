@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import paddle
 
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 from zoo.losses import PPYOLOELoss
 from zoo.metrics.coco_eval import COCOMetric
 from zoo.postprocess import draw_boxes

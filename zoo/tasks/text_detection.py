@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import paddle
 
-from zoo.engine import distributed as dist
+from zoo.utils import distributed as dist
 from zoo.losses import DBLoss
 from zoo.metrics.bootstrap import bootstrap_hmean, hmean_from_sums
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts

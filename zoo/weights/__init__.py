@@ -37,6 +37,6 @@ def save_state(state: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix == ".safetensors":
         return save_file(state, path)
-    from zoo.engine.checkpoint import atomic_save
+    from zoo.utils.runfolder import atomic_save
 
     return atomic_save(state, path)

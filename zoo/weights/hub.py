@@ -1,7 +1,7 @@
 """Official pretrained weights: the registry, resumable verified downloads and the local cache.
 
 Files live in ``<ampzoo cache>/weights/<host>/<url path>`` (``$AMPZOO_HOME/weights`` or
-``~/.cache/ampzoo/weights``, see ``zoo/data/cache.py``), keyed by the official URL whichever
+``~/.cache/ampzoo/weights``, see ``zoo/utils/cache.py``), keyed by the official URL whichever
 mirror served them. A download goes to ``<file>.part`` (the server's ETag / Last-Modified beside
 it in ``.part.meta``), resumes it with an HTTP Range + If-Range request (so a file changed on the
 server is sent whole, never spliced onto the old part), retries transient failures with bounded
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from zoo.data.cache import cache_dir
+from zoo.utils.cache import cache_dir
 from zoo.weights import pins
 
 log = logging.getLogger(__name__)
@@ -460,7 +460,7 @@ def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
     if os.path.isfile(text):
         return Path(text), None
     if os.path.isdir(text):  # a training run folder: the weights it kept as best
-        from zoo.engine.checkpoint import BEST, CKPT_DIR
+        from zoo.utils.runfolder import BEST, CKPT_DIR
 
         best = Path(text) / CKPT_DIR / BEST
         if not best.is_file():

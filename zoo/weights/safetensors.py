@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.fileio import atomic_write
+from zoo.utils.fileio import atomic_write
 
 __all__ = ["SafetensorsError", "load_file", "read_metadata", "save_file"]
 
