@@ -10,9 +10,9 @@ import pytest
 from conftest import ROOT, run_tool
 
 from zoo.amp import Amp
-from zoo.amp.doctor import check, compare, measure
-from zoo.amp.numerics import FORMATS, Stats, loss_scale_window
-from zoo.amp.prescribe import diagnose
+from zoo.diagnostics.doctor import check, compare, measure
+from zoo.diagnostics.numerics import FORMATS, Stats, loss_scale_window
+from zoo.diagnostics.prescribe import diagnose
 
 FP16 = FORMATS["float16"]
 

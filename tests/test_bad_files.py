@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from zoo.data import EvalBatchSampler, SampleLoadError, TrainBatchSampler, build_loader
-from zoo.data.coco import load_coco_instances
+from zoo.data.coco.dataset import load_coco_instances
 from zoo.data.images import ImageDecodeError, verify_image_file
-from zoo.data.text_det import TextDetData
+from zoo.data.text_det.dataset import TextDetData
 
 GOOD = '[{"transcription": "AB", "points": [[10, 10], [60, 10], [60, 30], [10, 30]]}]'
 

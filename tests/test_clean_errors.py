@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
+import _entry
 import pytest
 from conftest import ROOT, TINY, compose
 
-import _entry
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.run import train
 from zoo.engine.trainer import Trainer

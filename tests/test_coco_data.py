@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from zoo.data import build_loader
-from zoo.data.coco import COCODetData, load_coco_instances
-from zoo.data.det_box_transforms import MEAN, STD, BoxTrainTransform, flip_boxes, random_distort
-from zoo.data.synthetic_detection import SyntheticShapesDetData, render_detection_image
+from zoo.data.coco.dataset import COCODetData, load_coco_instances
+from zoo.data.coco.transforms import MEAN, STD, BoxTrainTransform, flip_boxes, random_distort
+from zoo.data.synthetic.shapes_det import SyntheticShapesDetData, render_detection_image
 
 
 def _write_coco(root, images, anns, cats=None, name="ann.json", image_dir="img", make_files=True):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, compose, run_tool
+
 from zoo.engine import run as run_mod
 from zoo.engine.compiled import CompileUnsupportedError
 from zoo.engine.metrics_log import read_metrics

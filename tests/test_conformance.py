@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import run_tool
 
-from zoo.amp.conformance import Call, compare, load_allow_list, parse_decisions
+from zoo.diagnostics.conformance import Call, compare, load_allow_list, parse_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOG = """I1201 10:21:39.120761  4088 amp_utils.h:120] Change conv2d's AMP type from float16 to FP32

@@ -18,10 +18,11 @@ from zoo.data import (
     SyntheticShapesData,
     TrainBatchSampler,
     build_loader,
-    cache_dir,
-    synthetic_shapes,
 )
-from zoo.data.transforms import ClassificationTransform, random_resized_crop_box
+from zoo.data.classification.transforms import ClassificationTransform
+from zoo.data.synthetic import shapes as synthetic_shapes
+from zoo.data.transforms import random_resized_crop_box
+from zoo.utils.cache import cache_dir
 
 
 @pytest.fixture(autouse=True)

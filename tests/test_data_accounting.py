@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 from test_bad_files import _coco
 
-from zoo.data.coco import COCODetData, load_coco_instances
-from zoo.data.text_det import TextDetData, clip_polys_to_image
+from zoo.data.coco.dataset import COCODetData, load_coco_instances
+from zoo.data.text_det.dataset import TextDetData, clip_polys_to_image
 
 
 def _label(points):

@@ -5,8 +5,8 @@ import json
 
 import cv2
 import pytest
-
 from conftest import ROOT, compose, run_tool
+
 from zoo.engine.run import train
 
 DB_TINY = ["data.builder.num_train=8", "data.builder.num_val=4", "model.batch_size=2",

@@ -10,11 +10,11 @@ import hashlib
 import numpy as np
 import paddle
 import pytest
+from conftest import SPEC_DIR  # noqa: E402
 
 from zoo.models import create_model, list_models
 from zoo.weights.loading import compare_state_dict
 
-from conftest import SPEC_DIR  # noqa: E402
 # model -> (spec file, entries, trainable parameters, sha256 of the sorted spec lines)
 SPECS = {
     "db_det": ("paddleocr_det_mv3_db.keys", 301, 1_844_136,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zoo.data import EvalBatchSampler, TrainBatchSampler, build_loader
-from zoo.data.text_det import TextDetData
+from zoo.data.text_det.dataset import TextDetData
 
 GOOD = '[{"transcription": "AB", "points": [[10, 10], [60, 10], [60, 30], [10, 30]]}]'
 BAD_LINES = {

@@ -17,11 +17,12 @@ import cv2
 import numpy as np
 import pyclipper
 import pytest
-
-from zoo.data import det_labels
 from test_det_data import _random_quads  # noqa: E402  (the label tests' random quads)
-from zoo.data.det_labels import _as_polys, _offset, _random_quads as bench_quads, make_border_map
-from zoo.data.det_labels import polygon_area_perimeter
+
+from zoo.bench.labels import _random_quads as bench_quads
+from zoo.bench.labels import benchmark_labels
+from zoo.data.text_det import labels as det_labels
+from zoo.data.text_det.labels import _as_polys, _offset, make_border_map, polygon_area_perimeter
 
 
 @pytest.fixture(autouse=True, params=["as configured", "banded", "dense"])
@@ -228,8 +229,8 @@ def test_border_map_reference_check_can_fail():
 
 def test_label_benchmark_runs_and_restores_the_limit(distance_path, capsys):
     limit = det_labels.DENSE_MAX_WORK
-    out = det_labels.benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, scale=0.5, against_dense=True)
+    out = benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, scale=0.5, against_dense=True)
     assert set(out[2]) == {"border", "shrink", "border_dense", "ratio_to_dense"} and out[2]["ratio_to_dense"] > 0
     assert det_labels.DENSE_MAX_WORK == limit and "all dense, ratio" in capsys.readouterr().out
-    out = det_labels.benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, against_module=det_labels.__file__)
+    out = benchmark_labels(size=160, counts=(2,), repeats=1, rounds=2, against_module=det_labels.__file__)
     assert out[2]["border_ratio_to_other"] > 0 and out[2]["shrink_ratio_to_other"] > 0

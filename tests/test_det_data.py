@@ -9,14 +9,14 @@ import cv2
 import numpy as np
 import pytest
 
-from zoo.data.det_labels import make_shrink_map
-from zoo.data.det_transforms import (
+from zoo.data.text_det.dataset import TextDetData, TextDetDataset, read_det_label_file
+from zoo.data.text_det.labels import make_shrink_map
+from zoo.data.text_det.transforms import (
     DetTrainTransform,
     crop_area,
     east_random_crop,
     iaa_augment,
 )
-from zoo.data.text_det import TextDetData, TextDetDataset, read_det_label_file
 
 # ---------------------------------------------------------------- label files
 
@@ -244,7 +244,7 @@ def _files(root):
 
 
 def test_synthetic_generation_deterministic_and_atomic(tmp_path, monkeypatch):
-    from zoo.data import synthetic_text
+    from zoo.data.synthetic import text as synthetic_text
 
     monkeypatch.setenv("AMPZOO_HOME", str(tmp_path / "home"))
     kw = dict(num_train=6, num_val=3, image_size=(64, 96), crop_size=32)
@@ -281,7 +281,7 @@ def test_synthetic_stale_temp_removed(tmp_path):
     import subprocess
     import sys
 
-    from zoo.data import synthetic_text
+    from zoo.data.synthetic import text as synthetic_text
 
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)

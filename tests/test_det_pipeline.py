@@ -5,11 +5,10 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-
-from zoo.data.classification import read_image_bgr, read_image_rgb
-from zoo.data.transforms import normalize_chw
-
 from test_det_data import _write_root
+
+from zoo.data.images import read_image_bgr, read_image_rgb
+from zoo.data.transforms import normalize_chw
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -39,8 +38,7 @@ def test_normalize_chw_matches_the_three_step_formula():
 
 def test_device_normalisation_gives_the_host_batch(tmp_path):
     from zoo.data.sampler import EvalBatchSampler, TrainBatchSampler, build_loader
-
-    from zoo.data.text_det import TextDetData
+    from zoo.data.text_det.dataset import TextDetData
 
     host = _write_root(tmp_path, n=4)
     dev = TextDetData(tmp_path, train_label="train.txt", val_label="val.txt", crop_size=32, eval_size=(48, 64),
@@ -55,7 +53,7 @@ def test_device_normalisation_gives_the_host_batch(tmp_path):
 
 
 def test_normalize_on_rejects_other_values(tmp_path):
-    from zoo.data.text_det import TextDetData
+    from zoo.data.text_det.dataset import TextDetData
 
     with pytest.raises(ValueError, match="normalize_on"):
         TextDetData(tmp_path, normalize_on="gpu")
@@ -81,7 +79,7 @@ def _scene(seed, h=150, w=200):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_one_warp_gives_the_sequential_polygons_and_almost_the_image(seed):
-    from zoo.data.det_geometry import augment_and_crop, east_random_crop, iaa_augment
+    from zoo.data.text_det.geometry import augment_and_crop, east_random_crop, iaa_augment
 
     img, polys, ignore = _scene(seed)
     one = augment_and_crop(img, polys, ignore, np.random.default_rng(seed), size=96, scale=(0.5, 2.0))
@@ -110,7 +108,7 @@ def test_one_warp_gives_the_sequential_polygons_and_almost_the_image(seed):
 
 
 def test_one_warp_hand_computed_flip_and_half_scale():
-    from zoo.data.det_geometry import augment_and_crop
+    from zoo.data.text_det.geometry import augment_and_crop
 
     # no text to keep -> crop_area falls back to the whole (flipped, halved) image: 100x50 fitted to 64
     img = np.zeros((100, 200, 3), np.uint8)
@@ -128,7 +126,7 @@ def test_one_warp_hand_computed_flip_and_half_scale():
 
 
 def test_train_transform_geometry_option():
-    from zoo.data.det_transforms import DetTrainTransform
+    from zoo.data.text_det.transforms import DetTrainTransform
 
     img, polys, ignore = _scene(0)
     a = DetTrainTransform(64, geometry="one_warp")(img, polys, ignore, np.random.default_rng(1))
@@ -145,7 +143,7 @@ def test_train_transform_geometry_option():
 @pytest.mark.parametrize("seed", range(4))
 def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch):
     from zoo.data import images
-    from zoo.data.det_transforms import DetTrainTransform
+    from zoo.data.text_det.transforms import DetTrainTransform
 
     img, polys, ignore = _scene(seed, h=480, w=640)
     img = cv2.GaussianBlur(img, (0, 0), 3)
@@ -170,7 +168,7 @@ def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch)
 
 def test_no_reduced_decode_when_the_crop_enlarges(monkeypatch):
     from zoo.data import images
-    from zoo.data.det_transforms import DetTrainTransform
+    from zoo.data.text_det.transforms import DetTrainTransform
 
     img, polys, ignore = _scene(0, h=120, w=160)
     data = cv2.imencode(".jpg", img)[1].tobytes()

@@ -26,7 +26,7 @@ import pytest
 from conftest import ROOT, compose, run_tool
 
 import zoo
-from zoo.data.det_transforms import DetEvalTransform
+from zoo.data.text_det.transforms import DetEvalTransform
 from zoo.export import det_resize_shape, export_inference
 from zoo.postprocess import DBPostProcess
 

@@ -28,8 +28,8 @@ import yaml
 from conftest import ROOT, compose, run_tool
 
 import zoo
-from zoo.data.classification import read_image_rgb
-from zoo.data.det_box_transforms import BoxEvalTransform
+from zoo.data.coco.transforms import BoxEvalTransform
+from zoo.data.images import read_image_rgb
 from zoo.tasks import PPYOLOETask
 
 EXPORT = str(ROOT / "tools" / "export.py")

@@ -65,7 +65,7 @@ def _label_dir(tmp_path, data: bytes):
 
 @pytest.mark.parametrize("decode", [False, True])
 def test_junk_between_markers_is_refused_in_both_modes(tmp_path, decode):
-    from zoo.data.text_det import load_det_labels
+    from zoo.data.text_det.dataset import load_det_labels
 
     # Start and end markers present, nothing decodable between: the header read (needed for the
     # polygon clipping anyway) refuses it without a decode.
@@ -75,7 +75,7 @@ def test_junk_between_markers_is_refused_in_both_modes(tmp_path, decode):
 
 
 def test_verify_images_values(tmp_path):
-    from zoo.data.text_det import TextDetData
+    from zoo.data.text_det.dataset import TextDetData
 
     assert TextDetData(tmp_path, verify_images="decode").verify_images == "decode"
     with pytest.raises(ValueError, match="verify_images"):
@@ -86,7 +86,7 @@ def test_truncated_jpeg_still_refused_without_decoding(tmp_path):
     import cv2
     import numpy as np
 
-    from zoo.data.text_det import load_det_labels
+    from zoo.data.text_det.dataset import load_det_labels
 
     ok, buf = cv2.imencode(".jpg", np.full((40, 60, 3), 128, np.uint8))
     label = _label_dir(tmp_path, buf.tobytes()[:-40])

@@ -19,8 +19,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 import pytest
-
 from conftest import compose
+
 from zoo.amp import Amp, current_device
 from zoo.amp.capability import BF16_MIN_CC, FP16_MIN_CC
 from zoo.amp.emulation import Emulation

@@ -1,5 +1,5 @@
 """data.builder.keep_freed_memory (issue 15): glibc keeps freed memory in the processes that load DB
-items (zoo/data/memory.py), applied by the loader in each worker or in the main process."""
+items (zoo/data/text_det/memory.py), applied by the loader in each worker or in the main process."""
 from __future__ import annotations
 
 import logging
@@ -10,11 +10,11 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 from test_det_data import _write_root
-from zoo.data import memory
-from zoo.data.text_det import TextDetData
+
+from zoo.data.text_det import memory
+from zoo.data.text_det.dataset import TextDetData
 
 MiB = 1 << 20
 
@@ -74,12 +74,12 @@ def test_off_and_byte_count(tmp_path, fake_libc):
 def test_without_glibc_or_refused(monkeypatch, caplog):
     monkeypatch.setattr(memory, "_applied", {})
     monkeypatch.setattr(memory, "_libc", lambda: None)
-    with caplog.at_level(logging.DEBUG, logger="zoo.data.memory"):
+    with caplog.at_level(logging.DEBUG, logger="zoo.data.text_det.memory"):
         assert memory.keep_freed_memory(64 * MiB) is False
     assert "not glibc" in caplog.text
     monkeypatch.setattr(memory, "_applied", {})
     monkeypatch.setattr(memory, "_libc", lambda: _FakeLibc(result=0))
-    with caplog.at_level(logging.WARNING, logger="zoo.data.memory"):
+    with caplog.at_level(logging.WARNING, logger="zoo.data.text_det.memory"):
         assert memory.keep_freed_memory(64 * MiB) is False
     assert "refused mallopt(M_TRIM_THRESHOLD" in caplog.text and "refused mallopt(M_MMAP_THRESHOLD" in caplog.text
 
@@ -114,8 +114,8 @@ def test_each_worker_runs_process_init_at_its_start(tmp_path):
 SCRIPT = """
 import ctypes, sys
 import numpy as np
-from zoo.data import memory
-from zoo.data.synthetic_text import SyntheticTextData
+from zoo.data.text_det import memory
+from zoo.data.synthetic.text import SyntheticTextData
 
 data = SyntheticTextData(num_train=12, num_val=1, image_size=[360, 640], crop_size=320, max_instances=12,
                          root=sys.argv[1], keep_freed_memory=False)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import CONFIG_DIR, ROOT, run_tool
 
 # The keys of PaddleOCR's configs/det/det_mv3_db.yml that the writer reads or sets (a stand-in
@@ -40,7 +39,7 @@ def _sources(tmp_path):
 
 @pytest.fixture
 def generated(tmp_path):
-    from zoo.data.synthetic_text import generate_dataset
+    from zoo.data.synthetic.text import generate_dataset
 
     root = tmp_path / "st"
     generate_dataset(root, num_train=6, num_val=2, height=64, width=64, max_instances=2, seed=0)
@@ -48,7 +47,7 @@ def generated(tmp_path):
 
 
 def test_simple_dataset_lists_are_the_zoo_images_in_paddleocr_format(tmp_path, generated):
-    from zoo.data import paddleocr_train_bench as tb
+    from zoo.bench import paddleocr_train as tb
 
     data = tb.write_simple_dataset(generated, generated / "train_label.txt", generated / "val_label.txt",
                                    tmp_path / "out", 4)
@@ -71,7 +70,7 @@ def test_simple_dataset_lists_are_the_zoo_images_in_paddleocr_format(tmp_path, g
 
 
 def test_paddleocr_config_sets_crop_batch_step_limit_and_no_eval(tmp_path, generated):
-    from zoo.data import paddleocr_train_bench as tb
+    from zoo.bench import paddleocr_train as tb
 
     data = tb.write_simple_dataset(generated, generated / "train_label.txt", generated / "val_label.txt",
                                    tmp_path / "out", 6)
@@ -97,7 +96,7 @@ def test_paddleocr_config_sets_crop_batch_step_limit_and_no_eval(tmp_path, gener
 
 
 def test_step_times_from_both_logs():
-    from zoo.data import paddleocr_train_bench as tb
+    from zoo.bench import paddleocr_train as tb
 
     log = "\n".join(
         f"[2026/12/01 14:43:0{k}] ppocr INFO: epoch: [1/1], global_step: {k}, lr: 0.001000, loss: 9.5, "
@@ -111,7 +110,7 @@ def test_step_times_from_both_logs():
 
 
 def test_zoo_command_is_the_issue_command_on_the_same_images():
-    from zoo.data import paddleocr_train_bench as tb
+    from zoo.bench import paddleocr_train as tb
 
     cmd = tb.zoo_command(["model.batch_size=4"], 16, 64, Path("/r"))
     assert cmd[1].endswith("tools/train.py") and cmd[2:6] == ["model=db_det", "amp=fp32", "trainer.final_eval=false",

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, run_tool
 from test_det_data import _write_root
 
 
 def test_stage_clock_does_not_change_the_item_and_covers_every_stage(tmp_path):
-    from zoo.data import pipeline_bench as pb
+    from zoo.bench import pipeline as pb
 
     ds = _write_root(tmp_path, n=3).build("train", 0)
     totals = pb.db_pass(ds, 3)
@@ -27,8 +26,8 @@ def test_stage_clock_does_not_change_the_item_and_covers_every_stage(tmp_path):
 
 
 def _load(ds, i):
-    from zoo.data.classification import read_image_bgr
-    from zoo.data.text_det import clip_polys_to_image
+    from zoo.data.images import read_image_bgr
+    from zoo.data.text_det.dataset import clip_polys_to_image
 
     img = read_image_bgr(ds.path(i))
     polys, ignore = ds.annotations(i)
@@ -52,7 +51,7 @@ def test_pipeline_benchmark_runs_and_skips_paddleocr_clearly(tmp_path):
 @pytest.mark.skipif(not os.environ.get("AMPZOO_PADDLEOCR_SRC"),
                     reason="set AMPZOO_PADDLEOCR_SRC (and AMPZOO_PADDLEOCR_PYTHON) to a PaddleOCR checkout")
 def test_paddleocr_worker_times_every_stage(tmp_path):
-    from zoo.data import pipeline_bench as pb
+    from zoo.bench import pipeline as pb
 
     ds = _write_root(tmp_path, n=3).build("train", 0)
     w = pb.PaddleOCRWorker(Path(os.environ["AMPZOO_PADDLEOCR_SRC"]), pb.default_python(), ds.label_file, ds.root,

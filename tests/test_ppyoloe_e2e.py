@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import paddle
 import pytest
-
 from conftest import ROOT, compose, run_tool
+
 from zoo.engine.run import train
 
 YOLO_TINY = ["model=ppyoloe_tiny", "data.builder.num_train=16", "data.builder.num_val=4",

@@ -6,12 +6,11 @@ import json
 import numpy as np
 import paddle
 import pytest
+from conftest import SPEC_DIR
 
 import zoo
 from zoo.models.heads.ppyoloe_head import decode_distribution
 from zoo.weights.loading import load_checkpoint
-
-from conftest import SPEC_DIR
 
 SPEC = SPEC_DIR / "paddledet_ppyoloe_crn_s_300e_coco.keys"
 

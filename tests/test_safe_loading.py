@@ -21,9 +21,16 @@ import pytest
 
 import zoo
 from zoo.engine import checkpoint as ckpt
+from zoo.weights import (
+    PickleLoadError,
+    SafetensorsError,
+    UnsafePickleError,
+    load_file,
+    safe_load,
+    save_file,
+    save_state,
+)
 from zoo.weights.loading import read_state
-from zoo.weights import (PickleLoadError, SafetensorsError, UnsafePickleError, load_file, safe_load, save_file,
-                         save_state)
 
 
 class _Payload:

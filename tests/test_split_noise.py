@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, TINY, run_tool
+
 from zoo.metrics.bootstrap import hmean_from_sums, resample_counts
 from zoo.report.split_noise import difference_interval
 

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, TINY, run_tool
+
 from zoo.engine.sweep import SweepError, job_state, plan, split_values
 
 

@@ -19,11 +19,10 @@ from types import SimpleNamespace
 import numpy as np
 import paddle
 import pytest
+from conftest import ROOT, TINY, compose, run_tool
 
 import zoo
 from zoo.weights import ChecksumError, DownloadError, hub
-
-from conftest import ROOT, TINY, compose, run_tool
 
 SPEC_DIR = Path(os.environ.get("AMPZOO_SPEC_DIR") or ROOT.parent / "shared" / "spec")
 FAST = {"retries": 0, "backoff": 0.01, "timeout": 10, "progress": False}
@@ -416,8 +415,8 @@ def test_a_run_folder_is_a_weights_source_and_fine_tuning_starts_from_its_best(t
     """model.net.pretrained=<run folder> (what experiment=parity_db_det_ft's finetune_from sets) loads
     that run's checkpoints/best.pdparams: the fine-tune run's initial weights are the base's weights,
     and summary.json names the file and its sha256."""
-    from zoo.utils.distributed import parameter_digest
     from zoo.engine.run import train
+    from zoo.utils.distributed import parameter_digest
 
     base = tmp_path / "base"
     train(compose(TINY + ["trainer.max_steps=2", "trainer.ckpt_every=2"]), base, announce_folder=False)

@@ -5,9 +5,9 @@ import hashlib
 import json
 
 import pytest
+from conftest import ROOT, run_tool
 from test_weights_download import FAST, files_under, home, payload, server  # noqa: F401  (fixtures)
 
-from conftest import ROOT, run_tool
 from zoo.weights import ChecksumError, DownloadError, hub
 
 HTML = b"<!DOCTYPE html><html><body>503 Service Temporarily Unavailable</body></html>\n"

@@ -6,8 +6,8 @@
 Everything after the flags is a Hydra override of configs/train.yaml (the same groups as
 training). Prints one row per (op, Paddle's dtype, the emulation's dtype) with the number of calls
 and their share of activations, then the parameters each side keeps in low precision. Exit status
-0 when every difference is in zoo/amp/conformance_allow.yaml (with its reason), 1 otherwise, 2 for
-bad input. See zoo/amp/conformance.py for how Paddle's rule is observed on a CPU.
+0 when every difference is in zoo/diagnostics/conformance_allow.yaml (with its reason), 1 otherwise, 2 for
+bad input. See zoo/diagnostics/conformance.py for how Paddle's rule is observed on a CPU.
 """
 from __future__ import annotations
 
@@ -33,15 +33,15 @@ def _load(overrides):
 
 
 def _batch(cfg):
-    from zoo.amp.probe import train_batches
+    from zoo.diagnostics.probe import train_batches
 
     return train_batches(cfg, 1)[0]
 
 
 def check(cfg) -> tuple[object, str]:
     """Run both traces for the composed config; returns (Report, table text)."""
-    from zoo.amp import conformance as conf
     from zoo.amp.emulation import Emulation
+    from zoo.diagnostics import conformance as conf
     from zoo.engine.run import build, build_amp, seed_everything
 
     amp = build_amp(cfg)

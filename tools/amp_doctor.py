@@ -7,7 +7,7 @@ Everything is a Hydra override of configs/doctor.yaml (configs/train.yaml plus `
 same groups and recipes as training. Measures the configured steps in FP32 op by op, predicts with
 the emulation's op rule, repeats the steps emulated to check, and writes doctor.json, doctor.png and
 index.html into doctor.out (default outputs/doctor/<model>_<amp>). Exit status 0 when the verdict is
-OK, 1 when it is risky or will fail, 2 for bad input. See zoo/amp/doctor.py and zoo/amp/prescribe.py.
+OK, 1 when it is risky or will fail, 2 for bad input. See zoo/diagnostics/doctor.py and zoo/diagnostics/prescribe.py.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     try:
         with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="doctor", overrides=overrides)
-        from zoo.amp.doctor import examine
-        from zoo.report.doctor import write
+        from zoo.diagnostics.doctor import examine
+        from zoo.diagnostics.doctor_report import write
 
         result = examine(cfg)
         out = Path(cfg.doctor.out or f"outputs/doctor/{cfg.model.name}_{cfg.amp.name}")
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     except _entry.user_errors() as err:
         return _entry.report_error(err)
     except Exception as err:  # noqa: BLE001  (Hydra's override/compose errors: one line, status 2)
-        from omegaconf.errors import OmegaConfBaseException
         from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
         if isinstance(err, (OmegaConfBaseException, HydraException)):
             return _entry.report_error(err)
         raise

@@ -32,7 +32,7 @@ otherwise the comparison is skipped, saying why)::
 amp=fp32 trainer.final_eval=false trainer.max_steps=N`` against PaddleOCR's own ``tools/train.py``
 (det_mv3_db.yml with the zoo's crop and batch) on the same synthetic_text images, ``--steps N``,
 alternating the two commands ``--repeats`` times, OMP_NUM_THREADS=1, training img/s after
-``--warmup`` steps and whole-command wall time (zoo/data/paddleocr_train_bench.py says how)::
+``--warmup`` steps and whole-command wall time (zoo/bench/paddleocr_train.py says how)::
 
     AMPZOO_PADDLEOCR_PYTHON=/tmp/pocr_venv/bin/python python tools/benchmark.py --train-against \
         paddleocr /tmp/paddleocr_src --steps 16 --warmup 2 --repeats 2
@@ -93,7 +93,7 @@ def engine_loop(cfg, steps: int, warmup: int) -> float:
 
 def pipeline_benchmark(args, overrides: list[str]) -> dict:
     """``--pipeline``: stage timings of the configured training pipeline (see the module doc)."""
-    from zoo.data import pipeline_bench
+    from zoo.bench import pipeline as pipeline_bench
 
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
@@ -102,8 +102,9 @@ def pipeline_benchmark(args, overrides: list[str]) -> dict:
 
 
 def train_against_benchmark(args) -> dict:
-    """``--train-against paddleocr PATH``: see zoo/data/paddleocr_train_bench.py."""
-    from zoo.data import paddleocr_train_bench, pipeline_bench
+    """``--train-against paddleocr PATH``: see zoo/bench/paddleocr_train.py."""
+    from zoo.bench import paddleocr_train as paddleocr_train_bench
+    from zoo.bench import pipeline as pipeline_bench
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ampzoo_pocr_train_"))
     return paddleocr_train_bench.run(_entry.CONFIG_DIR, Path(args.train_against[1]), pipeline_bench.default_python(),

@@ -3,7 +3,7 @@
 Each arm is a child process that builds the training set from the common overrides plus its own,
 calls ``process_init`` as the loader does (e.g. ``data.builder.keep_freed_memory``, a per-process
 setting that cannot be undone within a process, hence two processes), warms up, then times one
-pass over the first IMAGES images per request (``zoo.data.pipeline_bench.db_pass``). The parent
+pass over the first IMAGES images per request (``zoo.bench.pipeline.db_pass``). The parent
 alternates them ABBA..., so drift in machine load hits both alike, and prints the medians per
 stage and the median of the per-pass ratios A/B (with their range). Pin it with taskset::
 
@@ -25,7 +25,7 @@ import _entry  # noqa: F401  (import path, resolvers)
 def child(images: int, overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
-    from zoo.data import pipeline_bench as pb
+    from zoo.bench import pipeline as pb
     from zoo.engine.run import build_data
 
     with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):

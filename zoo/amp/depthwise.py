@@ -28,7 +28,6 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
-
 _EXP = np.uint32(0x7F800000)
 FP16_MAX = 65504.0
 

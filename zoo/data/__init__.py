@@ -1,12 +1,20 @@
-"""Image-classification data: datasets, deterministic transforms, samplers."""
+"""Data, one sub-package per family, as configs/data/ has one file per data set:
 
-from zoo.utils.cache import cache_dir
+- :mod:`zoo.data.classification`: PaddleClas list files / class folders (imagenet.yaml);
+- :mod:`zoo.data.text_det`: PaddleOCR text-detection labels, DB targets and transforms (icdar2015.yaml);
+- :mod:`zoo.data.coco`: COCO json detection data and box transforms (coco.yaml);
+- :mod:`zoo.data.synthetic`: the embedded generated sets (synthetic_*.yaml);
+
+and what they share: image reading and checks (:mod:`zoo.data.images`), deterministic transforms
+(:mod:`zoo.data.transforms`), the guarded loader (:mod:`zoo.data.loader`) and the samplers
+(:mod:`zoo.data.sampler`).
+"""
 from zoo.data.classification import ClassificationData, ClassificationDataset
 from zoo.data.coco import COCODetData, COCODetDataset, load_coco_instances
 from zoo.data.loader import SampleLoadError
 from zoo.data.sampler import EvalBatchSampler, TrainBatchSampler, build_loader
-from zoo.data.synthetic_detection import SyntheticShapesDetData
-from zoo.data.synthetic_shapes import SyntheticShapesData
+from zoo.data.synthetic import SyntheticShapesData, SyntheticShapesDetData, SyntheticTextData
+from zoo.data.text_det import TextDetData, TextDetDataset
 
 __all__ = [
     "ClassificationData",
@@ -17,8 +25,10 @@ __all__ = [
     "SampleLoadError",
     "SyntheticShapesData",
     "SyntheticShapesDetData",
+    "SyntheticTextData",
+    "TextDetData",
+    "TextDetDataset",
     "TrainBatchSampler",
     "build_loader",
-    "cache_dir",
     "load_coco_instances",
 ]

@@ -1,4 +1,4 @@
-"""Image files checked before they are trusted: truncation, decodability, size against the annotation.
+"""Reading image files, and checking them before they are trusted: truncation, decodability, size against the annotation.
 
 OpenCV decodes a JPEG cut short with only a "Premature end of JPEG file" warning and returns an
 image whose lower part is grey, so a decode that succeeds proves little. A complete JPEG ends with
@@ -12,7 +12,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-__all__ = ["ImageDecodeError", "decode_image", "image_size", "truncation_problem", "verify_image_file"]
+__all__ = ["ImageDecodeError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb", "truncation_problem",
+           "verify_image_file"]
 
 _JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
 _PNG_SIG, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
@@ -95,3 +96,26 @@ def verify_image_file(path: str | os.PathLike, expected_hw: tuple[int, int] | No
         if hw != tuple(int(v) for v in expected_hw):
             raise ImageDecodeError(f"image file {path} is {hw[1]}x{hw[0]} (w x h) but its annotation says "
                                    f"{int(expected_hw[1])}x{int(expected_hw[0])}")
+
+
+def read_image_rgb(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as an HWC uint8 RGB array; errors name the file (truncated files included)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image file not found: {path}") from None
+    # imdecode (rather than imread) distinguishes unreadable from undecodable
+    # and copes with any path encoding.
+    return cv2.cvtColor(decode_image(data, path), cv2.COLOR_BGR2RGB)
+
+
+def read_image_bgr(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as OpenCV decodes it, HWC uint8 BGR (no colour conversion); errors as
+    :func:`read_image_rgb`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image file not found: {path}") from None
+    return decode_image(data, path)

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.weights.loading import compare_state_dict
+from zoo.engine.runlock import holder_if_locked
 from zoo.utils.runfolder import BEST, CKPT_DIR, LAST, atomic_save  # noqa: F401  (re-exported: the engine's names)
+from zoo.weights import safe_load
+from zoo.weights.loading import compare_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,6 @@ def read(path: str | Path):
     Read by :func:`zoo.weights.safe_load` (plain data only: a pickle that would run code is refused),
     returning what ``paddle.load`` would.
     """
-    from zoo.weights import safe_load
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -133,8 +133,6 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unfinished_run(run_dir: Path) -> Path | None:
-    from zoo.engine.runlock import holder_if_locked
-
     ckpt = run_dir / CKPT_DIR / LAST
     if not ckpt.is_file() or (run_dir / "summary.json").exists():
         return None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import paddle
 
-
 # What trainer.compile=true puts under paddle.jit.to_static (recorded in summary.json).
 COMPILED_SCOPE = "autocast + forward + loss (paddle.jit.to_static, SOT); backward and optimizer step eager"
 

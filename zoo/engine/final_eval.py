@@ -18,8 +18,8 @@ import numpy as np
 import paddle
 
 from zoo.amp import Amp
-from zoo.utils import distributed as dist
 from zoo.engine.evaluate import evaluate
+from zoo.utils import distributed as dist
 
 log = logging.getLogger(__name__)
 

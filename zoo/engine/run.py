@@ -22,13 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from zoo.amp import current_device
-from zoo.utils import distributed as dist
 from zoo.engine import final_eval, provenance
 from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
 from zoo.engine.trainer import Trainer, TrainerSettings
+from zoo.utils import distributed as dist
 from zoo.utils.fileio import atomic_write
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from tqdm import tqdm
 from zoo.amp.guard import NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
-from zoo.utils import distributed as dist
 from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequests, TrainingInterrupted
+from zoo.utils import distributed as dist
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,11 @@ from collections.abc import Mapping, Sequence
 import paddle
 from paddle import nn
 
-__all__ = ["PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "ppyoloe_infer_cfg", "ppyoloe_model_name"]
+from zoo.export.common import ExportError, floats
+from zoo.export.inference import LAYOUTS, fp32_model, save_program
+from zoo.export.precision import in_precision
+
+__all__ = ["PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "export_ppyoloe", "ppyoloe_infer_cfg", "ppyoloe_model_name"]
 
 # paddlex 3.7.2 paddlex/modules/object_detection/model_list.py: the PP-YOLOE names whose predictor
 # feeds (image, scale_factor) only (object_detection/predictor.py build_to_batch). The name picks
@@ -44,8 +48,6 @@ def ppyoloe_model_name(model_name: str) -> str:
 
 
 def _nms_settings(nms: Mapping | None) -> dict:
-    from zoo.export.inference import ExportError
-
     nms = dict(nms or {})
     unknown = sorted(set(nms) - set(NMS_KEYS))
     if unknown:
@@ -90,13 +92,11 @@ def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list:
                       model_name: str = "PP-YOLOE_plus-S", channel_order: str = "RGB") -> dict:
     """``infer_cfg.yml`` content (PaddleDetection deploy / PaddleX ``inference.yml``) of a PP-YOLOE.
 
-    Preprocess is our eval transform (``zoo.data.det_box_transforms.BoxEvalTransform``): Resize to
+    Preprocess is our eval transform (``zoo.data.coco.transforms.BoxEvalTransform``): Resize to
     [S, S] without keeping the ratio, cubic (interp 2); NormalizeImage on pixel / 255; Permute.
     Both clients decode RGB, as our data does by default; a model trained on BGR is refused.
     ``NMS`` records the settings the graph already applies (the clients do not run it again).
     """
-    from zoo.export.inference import ExportError, _floats
-
     if channel_order != "RGB":
         raise ExportError(f"data.builder.channel_order: {channel_order!r}, but PaddleDetection's and PaddleX's "
                           "detection clients decode RGB; export a model trained on RGB")
@@ -118,10 +118,29 @@ def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list:
         "min_subgraph_size": 3,
         "Preprocess": [
             {"type": "Resize", "interp": 2, "keep_ratio": False, "target_size": [size, size]},
-            {"type": "NormalizeImage", "is_scale": True, "mean": _floats(mean, "mean"), "std": _floats(std, "std")},
+            {"type": "NormalizeImage", "is_scale": True, "mean": floats(mean, "mean"), "std": floats(std, "std")},
             {"type": "Permute"},
         ],
         "label_list": [str(name) for name in label_list],
         "NMS": {"name": "MultiClassNMS", **_nms_settings(nms), "nms_eta": 1.0, "background_label": -1,
                 "normalized": True, "in_graph": True},
     }
+
+
+def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping | None = None,
+                   nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32") -> list[Path]:
+    """Save a PP-YOLOE with NMS in the graph (zoo/export/detection.py) in ``layout``:
+
+    ``paddledetection``: ``model.{json,pdiparams}`` + ``infer_cfg.yml`` (``tools/export_model.py``);
+    ``paddlex``: ``inference.{json,pdiparams}`` + ``inference.yml`` (upstream's ``--for_fd``), which
+    PaddleX's object-detection predictor reads. Inputs ``image`` [-1, 3, S, S], ``scale_factor`` [-1, 2].
+    """
+    if layout not in LAYOUTS:
+        raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
+    size = int(eval_size)
+    model = fp32_model(model)
+    layer = PPYOLOEDeploy(in_precision(model, precision), nms)
+    specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
+             paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]
+    prefix, yml_name = LAYOUTS[layout]
+    return save_program(layer, model, out_dir, specs, prefix, infer_cfg, yml_name, precision)

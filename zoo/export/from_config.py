@@ -10,18 +10,24 @@ from pathlib import Path
 
 import paddle
 
+import zoo
+from zoo.engine.checkpoint import check_fits
+from zoo.engine.evaluate_run import resolve_weights
+from zoo.engine.run import build, seed_everything
+from zoo.engine.runinfo import git_revision, write_json
+from zoo.export.common import ExportError
+from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
     INFERENCE_PREFIX,
     LAYOUTS,
-    ExportError,
     cls_inference_yml,
     db_inference_yml,
     export_inference,
     export_onnx,
-    export_ppyoloe,
     paddlex_cls_name,
 )
+from zoo.export.precision import check_precision
 
 __all__ = ["export_from_config", "saved_dtypes"]
 
@@ -57,9 +63,6 @@ def _ppyoloe_labels(cfg, builder, num_classes: int) -> list[str]:
 
 def _ppyoloe_export(cfg, model, out_dir: Path, precision: str):
     """PP-YOLOE: preprocessing read off the data's eval transform, labels, NMS from model.task.nms."""
-    from zoo.engine.run import build
-    from zoo.export.detection import ppyoloe_infer_cfg, ppyoloe_model_name
-
     ex = cfg.export
     layout = _layout(ex.get("layout"), tuple(LAYOUTS), "paddledetection")
     builder = build(cfg.data.builder, "data.builder")
@@ -94,13 +97,6 @@ def export_from_config(cfg, out_dir) -> dict:
     input_shape, precision, layout, onnx (auto|true|false), opset, model_name, limit_side_len,
     limit_type, label_list, draw_threshold (configs/export.yaml).
     """
-    import zoo
-    from zoo.engine.checkpoint import check_fits
-    from zoo.engine.evaluate_run import resolve_weights
-    from zoo.engine.run import build, seed_everything
-    from zoo.engine.runinfo import git_revision, write_json
-    from zoo.export.precision import check_precision
-
     ex = cfg.export
     onnx_mode = _onnx_mode(ex.onnx)
     precision = check_precision(ex.get("precision", "fp32"))

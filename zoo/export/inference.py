@@ -6,14 +6,14 @@ A PaddleX predictor (``paddleocr.TextDetection(model_name=..., model_dir=...)``)
 name PaddleX knows), ``PreProcess.transform_ops`` and ``PostProcess`` (layout as PaddleOCR's
 ``ppocr/utils/export_model.py`` ``dump_infer_config``; PaddleClas's ``ppcls/utils/config.py``).
 
-PP-YOLOE goes to PaddleDetection's deploy layout (``model.*`` + ``infer_cfg.yml``, NMS in the graph:
-zoo/export/detection.py) or, with ``export.layout=paddlex``, to ``inference.*`` + ``inference.yml``.
+PP-YOLOE goes (zoo/export/detection.py) to PaddleDetection's deploy layout (``model.*`` + ``infer_cfg.yml``,
+NMS in the graph) or, with ``export.layout=paddlex``, to ``inference.*`` + ``inference.yml``.
 Weights are fp32 unless ``export.precision`` asks for fp16 / bf16 (zoo/export/precision.py).
 """
 from __future__ import annotations
 
-import re
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,9 +24,13 @@ import paddle
 import yaml
 from paddle import nn
 
+from zoo.export.common import ExportError, floats
+from zoo.export.precision import in_precision
+from zoo.postprocess import DBPostProcess
+
 __all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ClassifierProbs", "DBProbabilityMap",
            "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
-           "export_onnx", "export_ppyoloe", "paddlex_cls_name", "save_program"]
+           "export_onnx", "paddlex_cls_name", "save_program"]
 
 # paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
 # detector may be served under. The name picks client defaults only (PP-OCRv3/v4/v5 *_det:
@@ -44,10 +48,6 @@ LAYOUTS = {"paddlex": (INFERENCE_PREFIX, "inference.yml"), "paddledetection": (D
 YML_HEADER = "# Written by ampzoo (tools/export.py); export.json says from what, and in which precision.\n"
 DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
               "# predictor (TextDetection(limit_side_len=..., limit_type=...)).\n")
-
-
-class ExportError(ValueError):
-    """An export setting or input cannot be used; the message names the key."""
 
 
 class DBProbabilityMap(nn.Layer):
@@ -94,15 +94,8 @@ def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str,
     return max(int(round(rh / 32) * 32), 32), max(int(round(rw / 32) * 32), 32)
 
 
-def _floats(values, key: str, n: int = 3) -> list[float]:
-    values = [float(v) for v in values]
-    if len(values) != n:
-        raise ExportError(f"{key}: expected {n} numbers, got {values}")
-    return values
-
-
 def _normalize_op(mean, std, order: str) -> dict:
-    return {"NormalizeImage": {"scale": 1.0 / 255.0, "mean": _floats(mean, "mean"), "std": _floats(std, "std"),
+    return {"NormalizeImage": {"scale": 1.0 / 255.0, "mean": floats(mean, "mean"), "std": floats(std, "std"),
                                "order": order}}
 
 
@@ -120,8 +113,6 @@ def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_N
                           f"known: {', '.join(DET_MODEL_NAMES)}")
     if img_mode not in ("BGR", "RGB"):
         raise ExportError(f"data.builder.channel_order: expected BGR or RGB, got {img_mode!r}")
-    from zoo.postprocess import DBPostProcess
-
     post = {"thresh": 0.3, "box_thresh": 0.6, "max_candidates": 1000, "unclip_ratio": 1.5,
             "use_dilation": False, "score_mode": "fast", "box_type": "quad"}
     unknown = sorted(set(postprocess) - set(post))
@@ -228,21 +219,10 @@ def save_program(layer: nn.Layer, model: nn.Layer, out_dir, specs: Sequence, pre
     return written
 
 
-def _fp32_model(model: nn.Layer) -> nn.Layer:
+def fp32_model(model: nn.Layer) -> nn.Layer:
     if any(p.is_floating_point() and p.dtype != paddle.float32 for p in model.parameters()):
         model.to(dtype="float32")  # a decorated O2 model: cast in place, export from fp32 weights
     return model
-
-
-def _in_precision(model: nn.Layer, precision: str) -> nn.Layer:
-    """``model`` itself (fp32) or an O2-cast copy taking and returning float32."""
-    from zoo.export.precision import LowPrecisionNet, cast_o2, precision_dtype
-
-    dtype = precision_dtype(precision)
-    if dtype == "float32":
-        return model
-    low, _ = cast_o2(model, dtype)
-    return LowPrecisionNet(low, dtype)
 
 
 def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml: Mapping | None = None,
@@ -258,31 +238,10 @@ def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml:
     if output not in wrappers:
         raise ExportError(f"output: expected one of {sorted(wrappers)}, got {output!r}")
     shape = _check_shape(input_shape)
-    model = _fp32_model(model)
+    model = fp32_model(model)
     spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
-    layer = wrappers[output](_in_precision(model, precision))  # a low-precision copy is in eval mode
+    layer = wrappers[output](in_precision(model, precision))  # a low-precision copy is in eval mode
     return save_program(layer, model, out_dir, [spec], INFERENCE_PREFIX, infer_yml, "inference.yml", precision)
-
-
-def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping | None = None,
-                   nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32") -> list[Path]:
-    """Save a PP-YOLOE with NMS in the graph (zoo/export/detection.py) in ``layout``:
-
-    ``paddledetection``: ``model.{json,pdiparams}`` + ``infer_cfg.yml`` (``tools/export_model.py``);
-    ``paddlex``: ``inference.{json,pdiparams}`` + ``inference.yml`` (upstream's ``--for_fd``), which
-    PaddleX's object-detection predictor reads. Inputs ``image`` [-1, 3, S, S], ``scale_factor`` [-1, 2].
-    """
-    from zoo.export.detection import PPYOLOEDeploy
-
-    if layout not in LAYOUTS:
-        raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
-    size = int(eval_size)
-    model = _fp32_model(model)
-    layer = PPYOLOEDeploy(_in_precision(model, precision), nms)
-    specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
-             paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]
-    prefix, yml_name = LAYOUTS[layout]
-    return save_program(layer, model, out_dir, specs, prefix, infer_cfg, yml_name, precision)
 
 
 def export_onnx(out_dir, opset: int = 11, required: bool = False,

@@ -23,7 +23,9 @@ from collections.abc import Mapping
 
 from paddle import nn
 
-__all__ = ["PRECISIONS", "FP32Norm", "LowPrecisionNet", "check_precision", "cast_o2", "precision_dtype"]
+from zoo.export.common import ExportError
+
+__all__ = ["PRECISIONS", "FP32Norm", "LowPrecisionNet", "check_precision", "cast_o2", "in_precision", "precision_dtype"]
 
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 NORMS_KEPT_FP32 = (nn.BatchNorm, nn.BatchNorm1D, nn.BatchNorm2D, nn.BatchNorm3D, nn.SyncBatchNorm)
@@ -33,8 +35,6 @@ def check_precision(value) -> str:
     """``export.precision`` validated: fp32, fp16 or bf16."""
     precision = str(value).lower()
     if precision not in PRECISIONS:
-        from zoo.export.inference import ExportError
-
         raise ExportError(f"export.precision: expected one of {', '.join(PRECISIONS)}, got {value!r}")
     return precision
 
@@ -91,3 +91,12 @@ class LowPrecisionNet(nn.Layer):
         if isinstance(out, Mapping):
             return {k: v.astype("float32") if v.is_floating_point() else v for k, v in out.items()}
         return out.astype("float32")
+
+
+def in_precision(model: nn.Layer, precision: str) -> nn.Layer:
+    """``model`` itself (fp32) or an O2-cast copy taking and returning float32."""
+    dtype = precision_dtype(precision)
+    if dtype == "float32":
+        return model
+    low, _ = cast_o2(model, dtype)
+    return LowPrecisionNet(low, dtype)

@@ -1,8 +1,10 @@
 """Model definitions and the registry that builds them by name."""
 
-from zoo.models import db  # noqa: F401
-from zoo.models import ppyoloe  # noqa: F401
-from zoo.models import resnet  # noqa: F401  (imported so its models register)
+from zoo.models import (
+    db,  # noqa: F401
+    ppyoloe,  # noqa: F401
+    resnet,  # noqa: F401  (imported so its models register)
+)
 from zoo.models.registry import (
     UnknownModelError,
     create_model,

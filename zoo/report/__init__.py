@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zoo.report.parity import overall_ok, parity_table
+from zoo.report.render import write_report
 from zoo.report.runs import ReportInputError, group_runs, load_runs, mixed_provenance
 
 __all__ = ["ReportInputError", "make_report"]
@@ -28,8 +30,6 @@ def make_report(inputs, out=None, delta=None, alpha=0.05, allow_mixed=False) -> 
     different git revisions, library versions, data-set versions or configs (other than amp and
     seed) unless ``allow_mixed``: then the differences are listed in the report.
     """
-    from zoo.report.parity import overall_ok, parity_table
-    from zoo.report.render import write_report
 
     if delta is not None and not delta > 0:
         raise ReportInputError(f"--delta must be > 0, got {delta}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.engine.evaluate_run import evaluate_weights
 from zoo.metrics.bootstrap import SEED, percentile_ci, resample_counts
 from zoo.report.parity import FP32, _label, _verdict, load_margins, pair_runs, pick_delta, precision_order
 from zoo.report.runs import ReportInputError, Run, group_runs, load_runs
@@ -61,7 +62,6 @@ def evaluate_run(run: Run):
     outcomes. Refuses a run whose evaluation does not reproduce its recorded primary metric."""
     from omegaconf import OmegaConf
 
-    from zoo.engine.evaluate_run import evaluate_weights
 
     cfg_path = run.path / "config.yaml"
     if not cfg_path.is_file():

@@ -9,9 +9,9 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from zoo.utils import distributed as dist
 from zoo.metrics import accuracy_from_counts, topk_correct
 from zoo.metrics.bootstrap import bootstrap_mean
+from zoo.utils import distributed as dist
 
 
 class ClassificationTask:

@@ -20,12 +20,12 @@ import cv2
 import numpy as np
 import paddle
 
-from zoo.utils import distributed as dist
 from zoo.losses import PPYOLOELoss
 from zoo.metrics.coco_eval import COCOMetric
 from zoo.postprocess import draw_boxes
 from zoo.postprocess.nms import multiclass_nms
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
+from zoo.utils import distributed as dist
 
 MAX_MAP_RESAMPLES = 200
 

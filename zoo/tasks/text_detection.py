@@ -14,12 +14,12 @@ import cv2
 import numpy as np
 import paddle
 
-from zoo.utils import distributed as dist
 from zoo.losses import DBLoss
 from zoo.metrics.bootstrap import bootstrap_hmean, hmean_from_sums
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
+from zoo.utils import distributed as dist
 
 
 class DBTask:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from zoo.utils.runfolder import atomic_save
 from zoo.weights.hub import (
     ChecksumError,
     DownloadError,
@@ -37,6 +38,5 @@ def save_state(state: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix == ".safetensors":
         return save_file(state, path)
-    from zoo.utils.runfolder import atomic_save
 
     return atomic_save(state, path)

@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from zoo.utils.cache import cache_dir
+from zoo.utils.runfolder import BEST, CKPT_DIR
 from zoo.weights import pins
 
 log = logging.getLogger(__name__)
@@ -460,7 +461,6 @@ def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
     if os.path.isfile(text):
         return Path(text), None
     if os.path.isdir(text):  # a training run folder: the weights it kept as best
-        from zoo.utils.runfolder import BEST, CKPT_DIR
 
         best = Path(text) / CKPT_DIR / BEST
         if not best.is_file():

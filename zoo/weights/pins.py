@@ -15,6 +15,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from zoo.weights.safe_pickle import load as safe_load
+from zoo.weights.safetensors import read_metadata
+
 CHECKSUMS = "checksums.json"
 _TEXT_STARTS = (b"<!doctype", b"<html", b"<?xml", b"<head", b"<body", b"{", b"[")
 
@@ -90,12 +93,8 @@ def not_weights_reason(path: Path, fmt: str) -> str | None:
             if not any(n.endswith(".pdparams") for n in names):
                 return f"the tar holds no .pdparams file (members: {names[:5]})"
         elif fmt == "safetensors":
-            from zoo.weights.safetensors import read_metadata
-
             read_metadata(path)
         else:
-            from zoo.weights.safe_pickle import load as safe_load
-
             state = safe_load(path)
             if not isinstance(state, dict):
                 return f"it holds a {type(state).__name__}, not a state dict"

@@ -28,7 +28,7 @@ Deliberate differences from upstream, all about correctness:
 * ``DetTrainTransform.decode_and_apply`` plans that geometry from a JPEG's header
   and decodes it reduced (1/2, 1/4, 1/8) when the map shrinks that much.
 
-The geometry functions live in :mod:`zoo.data.det_geometry` (re-exported here).
+The geometry functions live in :mod:`zoo.data.text_det.geometry` (re-exported here).
 Images are HWC uint8 in the dataset's channel order (BGR by default, as PaddleOCR's
 ``DecodeImage``; no transform depends on it); polygons ``[K,4,2]`` float (x, y) pixels.
 """
@@ -40,9 +40,17 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from zoo.data.det_geometry import (augment_and_crop, crop_area, east_random_crop, iaa_augment, map_scale,
-                           plan_augment_and_crop, warp_crop)
-from zoo.data.det_labels import make_border_map, make_shrink_map
+from zoo.data.images import decode_image, image_size
+from zoo.data.text_det.geometry import (
+    augment_and_crop,
+    crop_area,
+    east_random_crop,
+    iaa_augment,
+    map_scale,
+    plan_augment_and_crop,
+    warp_crop,
+)
+from zoo.data.text_det.labels import make_border_map, make_shrink_map
 from zoo.data.transforms import chw_uint8, normalize_chw
 
 __all__ = ["DetEvalTransform", "DetTrainTransform", "augment_and_crop", "crop_area", "east_random_crop",
@@ -128,8 +136,6 @@ class DetTrainTransform:
         bilinear sample at that scale) and the warp starts from the reduced image. ``clip(polys,
         ignore, h, w)`` clips the polygons to the image first.
         """
-        from zoo.data.images import decode_image, image_size
-
         clock = clock or _no_clock
         clip = clip or (lambda p, g, h, w: (p, g))
         if not (self.geometry == "one_warp" and self.reduced_decode and data[:2] == b"\xff\xd8"):

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.engine.metrics_log import read_metrics
+from zoo.engine.run import build_data
+
 __all__ = ["LAUNCHER", "compose_zoo", "parse_paddleocr_log", "paddleocr_version_check", "run", "write_paddleocr_config",
            "write_simple_dataset", "zoo_step_times", "zoo_command"]
 
@@ -107,8 +110,6 @@ def parse_paddleocr_log(text: str) -> dict:
 
 def zoo_step_times(metrics_file: Path, batch: int) -> dict:
     """Per-step seconds from the zoo's metrics.jsonl written with ``trainer.log_every=1``."""
-    from zoo.engine.metrics_log import read_metrics
-
     return {int(r["step"]): batch / r["images_per_s"] for r in read_metrics(metrics_file, "train")}
 
 
@@ -171,7 +172,6 @@ def run(config_dir: str, source: Path, python: str, work: Path, overrides: list[
     config (crop, batch, seed), into PaddleOCR's."""
     import paddle
 
-    from zoo.engine.run import build_data
 
     cfg = compose_zoo(config_dir, overrides, steps)
 

@@ -1,4 +1,4 @@
-"""Times PaddleOCR's own det_mv3_db train transforms (run by :mod:`zoo.data.pipeline_bench`).
+"""Times PaddleOCR's own det_mv3_db train transforms (run by :mod:`zoo.bench.pipeline`).
 
     python _paddleocr_pipeline_worker.py PADDLEOCR_SRC LABEL_FILE ROOT N CROP SEED
 
@@ -42,9 +42,9 @@ def _numpy_24_shim(module) -> None:
 
 def build(src: str, crop: int):
     sys.path.insert(0, src)
+    import ppocr.data.imaug.random_crop_data as rcd
     import yaml
     from ppocr.data.imaug import create_operators
-    import ppocr.data.imaug.random_crop_data as rcd
 
     _numpy_24_shim(rcd)
     with open(f"{src}/configs/det/det_mv3_db.yml", encoding="utf-8") as f:
@@ -77,8 +77,9 @@ def main() -> None:
     src, label_file, root, n, crop, seed = sys.argv[1:7]
     try:
         ops = build(src, int(crop))
-        import numpy as np
         import random
+
+        import numpy as np
 
         with open(label_file, encoding="utf-8-sig") as f:
             items = [tuple(line.rstrip("\r\n").split("\t", 1)) for line in f if line.strip()][: int(n)]

@@ -3,7 +3,7 @@
 :func:`iaa_augment` and :func:`east_random_crop` are the step-by-step versions
 (``ppocr/data/imaug/iaa_augment.py``, ``ppocr/data/imaug/random_crop_data.py``);
 :func:`augment_and_crop` makes the same draws, the same crop and the same
-polygons with one ``cv2.warpAffine`` (see :mod:`zoo.data.det_transforms` for the
+polygons with one ``cv2.warpAffine`` (see :mod:`zoo.data.text_det.transforms` for the
 deliberate differences from upstream). :func:`plan_augment_and_crop` computes
 that geometry from the image size alone, so a JPEG can be decoded reduced.
 """

@@ -10,7 +10,7 @@ On first use the images are generated into a cache folder whose name holds a
 version tag and every generation parameter, written to a temporary sibling
 and published with ``os.rename``; a half-written folder is never used.  The
 result is an ordinary PaddleClas root (``train_list.txt``, ``val_list.txt``,
-``labels.txt``) read by :class:`~zoo.data.classification.ClassificationData`.
+``labels.txt``) read by :class:`~zoo.data.classification.dataset.ClassificationData`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from zoo.data.classification.dataset import ClassificationData
 from zoo.utils.cache import cache_dir, publish_atomically
-from zoo.data.classification import ClassificationData
 
 __all__ = ["SHAPE_NAMES", "SyntheticShapesData", "generate_dataset", "render_shape_image"]
 

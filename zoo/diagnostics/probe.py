@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import paddle
 
-from zoo.amp import conformance as conf
 from zoo.amp import emulation as emu
-from zoo.amp.numerics import FORMATS, Stats
+from zoo.data.sampler import TrainBatchSampler, build_loader
+from zoo.diagnostics import conformance as conf
+from zoo.diagnostics.numerics import FORMATS, Stats
+from zoo.engine.run import build_data, seed_everything
 
 SAMPLE = 8192           # entries kept per tensor for the step-1 comparison (evenly strided)
 REDUCTIONS = {"sum", "mean"}
@@ -27,8 +29,6 @@ _OVER = "_zoo_doctor_over"  # set on low-precision outputs above the format's ma
 
 def train_batches(cfg, n: int) -> list:
     """The first ``n`` training batches a run with this config would see (same sampler, seed)."""
-    from zoo.data.sampler import TrainBatchSampler, build_loader
-    from zoo.engine.run import build_data, seed_everything
 
     seed_everything(cfg.seed)
     train_set, _, _ = build_data(cfg)

@@ -6,7 +6,7 @@ computes in fp32, yet carries the emulation's own low-precision decision (its ta
 prediction made from these numbers uses the very rule the emulated run and
 ``tools/amp_conformance.py`` check. :func:`check` runs the same steps from the same initial weights
 on the same batches through the :class:`~zoo.amp.Amp` component with emulated numerics, and
-:func:`compare` sets step 1 of both side by side. :mod:`zoo.amp.prescribe` turns it into findings.
+:func:`compare` sets step 1 of both side by side. :mod:`zoo.diagnostics.prescribe` turns it into findings.
 """
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import numpy as np
 
 from zoo.amp import emulation as emu
 from zoo.amp.capability import DeviceInfo
-from zoo.amp.numerics import FORMATS, Stats, cosine, relative_error
-from zoo.amp.probe import Probe, param_grads, sample
+from zoo.diagnostics.numerics import FORMATS, Stats, cosine, relative_error
+from zoo.diagnostics.prescribe import diagnose
+from zoo.diagnostics.probe import Probe, param_grads, sample, train_batches
+from zoo.engine.run import ConfigError, build, build_amp, build_optimizer, seed_everything, validate
 
 CPU = DeviceInfo("cpu", "cpu")
 
@@ -152,8 +154,6 @@ def compare(ref: Run, got: Run) -> dict:
 
 def _fresh(cfg, n_batches: int):
     """Model, task, optimizer exactly as a run with this config starts them (same seed)."""
-    from zoo.engine.run import build, build_optimizer, seed_everything
-
     seed_everything(cfg.seed)
     model = build(cfg.model.net, "model.net")
     model.train()
@@ -164,9 +164,6 @@ def _fresh(cfg, n_batches: int):
 
 def examine(cfg) -> dict:
     """Measure, predict, check: everything ``tools/amp_doctor.py`` writes, as one dict."""
-    from zoo.amp.prescribe import diagnose
-    from zoo.amp.probe import train_batches
-    from zoo.engine.run import ConfigError, build_amp, validate
 
     validate(cfg)
     doc = cfg.get("doctor") or {}

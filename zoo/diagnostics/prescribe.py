@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from zoo.amp import emulation as emu
-from zoo.amp.numerics import FORMATS, Stats, loss_scale_window, pick_scale
+from zoo.diagnostics.numerics import FORMATS, Stats, loss_scale_window, pick_scale
 
 SEVERITY = {"will fail": 2, "risky": 1, "note": 0}
 LEGACY = {v: k for k, v in emu.ALIASES.items() if k.startswith("reduce_")}   # mean -> reduce_mean

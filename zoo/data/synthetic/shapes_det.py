@@ -15,7 +15,7 @@ version tag, the main parameters and a hash of all of them, written to a
 temporary sibling and published with ``os.rename``.  Image ``i`` of split ``s``
 is drawn from ``default_rng((seed, s, i))``, so the output is byte-identical
 for identical parameters (on the same OpenCV build).  The result is an
-ordinary COCO root read by :class:`~zoo.data.coco.COCODetData`.
+ordinary COCO root read by :class:`~zoo.data.coco.dataset.COCODetData`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from zoo.data.coco.dataset import COCODetData
 from zoo.utils.cache import cache_dir, publish_atomically
-from zoo.data.coco import COCODetData
 
 __all__ = ["DET_SHAPE_NAMES", "SyntheticShapesDetData", "generate_dataset", "render_detection_image"]
 

@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.data.classification import read_image_bgr, read_image_rgb
-from zoo.data.images import ImageDecodeError, image_size, verify_image_file
-from zoo.data.det_transforms import DetEvalTransform, DetTrainTransform
-from zoo.data.memory import check_keep_freed_memory, keep_freed_memory
+from zoo.data.images import ImageDecodeError, image_size, read_image_bgr, read_image_rgb, verify_image_file
+from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
+from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
 log = logging.getLogger(__name__)
@@ -200,7 +199,7 @@ def read_det_label_file(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
 class TextDetDataset(paddle.io.Dataset):
     """Map-style text-detection dataset addressed by sampler keys.
 
-    ``split="train"``: :class:`~zoo.data.det_transforms.DetTrainTransform` items
+    ``split="train"``: :class:`~zoo.data.text_det.transforms.DetTrainTransform` items
     (``image`` [3,S,S], ``shrink_map``, ``shrink_mask``, ``threshold_map``,
     ``threshold_mask`` [S,S]).  Other splits: ``image`` [3,H,W] resized to
     ``eval_size``, ``shape`` [4] = (src_h, src_w, ratio_h, ratio_w), ``polys``
@@ -208,7 +207,7 @@ class TextDetDataset(paddle.io.Dataset):
     ``ignore`` int64 [P], ``num_polys`` int64 scalar.  ``aug`` goes to the train
     transform (flip_p, rotate, scale, max_tries, min_crop_side_ratio, shrink_ratio,
     min_text_size, thresh_min, thresh_max, mean, std).
-    ``keep_freed_memory`` (``data.builder.keep_freed_memory``, :mod:`zoo.data.memory`): true, false
+    ``keep_freed_memory`` (``data.builder.keep_freed_memory``, :mod:`zoo.data.text_det.memory`): true, false
     or a byte count; :meth:`process_init` applies it in the process that loads items.
     """
 

@@ -18,41 +18,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
 import paddle
 
-from zoo.data.images import ImageDecodeError, decode_image
-from zoo.data.transforms import ClassificationTransform
+from zoo.data.classification.transforms import ClassificationTransform
+from zoo.data.images import read_image_rgb
 
-__all__ = ["ClassificationData", "ClassificationDataset", "ImageDecodeError", "read_image_bgr", "read_image_rgb"]
+__all__ = ["ClassificationData", "ClassificationDataset"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 SPLITS = ("train", "val")
 LINE_FORMAT = "'<path> <integer label>'"
-
-
-def read_image_rgb(path: str | os.PathLike) -> np.ndarray:
-    """Read an image file as an HWC uint8 RGB array; errors name the file (truncated files included)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image file not found: {path}") from None
-    # imdecode (rather than imread) distinguishes unreadable from undecodable
-    # and copes with any path encoding.
-    return cv2.cvtColor(decode_image(data, path), cv2.COLOR_BGR2RGB)
-
-
-def read_image_bgr(path: str | os.PathLike) -> np.ndarray:
-    """Read an image file as OpenCV decodes it, HWC uint8 BGR (no colour conversion); errors as
-    :func:`read_image_rgb`."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image file not found: {path}") from None
-    return decode_image(data, path)
 
 
 def parse_list_file(list_path: Path, num_classes: int | None = None) -> tuple[list[str], np.ndarray]:

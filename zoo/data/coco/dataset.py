@@ -28,10 +28,16 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.data.classification import read_image_rgb
-from zoo.data.images import ImageDecodeError, verify_image_file
-from zoo.data.det_box_transforms import INTERPOLATIONS, MEAN, STD, BoxEvalTransform, BoxTrainTransform, pad_targets, \
-    resize_batch
+from zoo.data.coco.transforms import (
+    INTERPOLATIONS,
+    MEAN,
+    STD,
+    BoxEvalTransform,
+    BoxTrainTransform,
+    pad_targets,
+    resize_batch,
+)
+from zoo.data.images import ImageDecodeError, read_image_rgb, verify_image_file
 
 __all__ = ["COCODetData", "COCODetDataset", "CocoInstances", "PPYOLOE_MULTISCALE", "load_coco_instances"]
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Runs PaddleOCR's own ``tools/train.py`` (started by :mod:`zoo.data.paddleocr_train_bench`).
+"""Runs PaddleOCR's own ``tools/train.py`` (started by :mod:`zoo.bench.paddleocr_train`).
 
     python _paddleocr_train_launcher.py PADDLEOCR_SRC CONFIG.yml
 

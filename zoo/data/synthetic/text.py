@@ -14,7 +14,7 @@ published with ``os.rename``.  Image ``i`` of split ``s`` is drawn from
 ``default_rng((seed, s, i))``, so the output is byte-identical for identical
 parameters (on the same Pillow/OpenCV build).  The result is an ordinary
 PaddleOCR detection root (``train_label.txt``, ``val_label.txt``) read by
-:class:`~zoo.data.text_det.TextDetData`.
+:class:`~zoo.data.text_det.dataset.TextDetData`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from zoo.data.text_det.dataset import TextDetData
 from zoo.utils.cache import cache_dir, publish_atomically
-from zoo.data.text_det import TextDetData
 
 __all__ = ["SyntheticTextData", "generate_dataset", "render_text_image"]
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
 import numpy as np
 
-from zoo.amp.numerics import FORMATS, OFFSET, Stats
+from zoo.diagnostics.numerics import FORMATS, OFFSET, Stats
 
 
 def _quantile_exp(s: Stats, q: float) -> float:

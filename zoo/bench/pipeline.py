@@ -3,7 +3,7 @@
 The zoo's DB train pipeline is timed stage by stage exactly as :class:`TextDetDataset` runs it
 (the transform's ``clock`` hook). With ``paddleocr=PATH`` PaddleOCR's own train transforms, built
 from its ``configs/det/det_mv3_db.yml`` by its ``create_operators``, run on the same images in a
-worker process (:mod:`zoo.data._paddleocr_pipeline_worker`), alternating with the zoo pass by
+worker process (:mod:`zoo.bench._paddleocr_pipeline_worker`), alternating with the zoo pass by
 pass so drift in machine load hits both alike; the ratio is of medians over the passes.
 PaddleOCR is not a dependency: when its source or its requirements (albumentations, ...) are
 missing the comparison is skipped with the reason.
@@ -21,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.data.classification import read_image_rgb
-from zoo.data.text_det import TextDetDataset
+from zoo.data.images import read_image_rgb
+from zoo.data.loader import build_loader
+from zoo.data.sampler import TrainBatchSampler
+from zoo.data.text_det.dataset import TextDetDataset
 
 __all__ = ["DB_STAGES", "PaddleOCRWorker", "db_pass", "generic_pass", "loader_images_per_s", "run", "summarize"]
 
@@ -126,8 +128,6 @@ class PaddleOCRWorker:
 
 def loader_images_per_s(ds, batch_size: int, num_workers: int, steps: int, warmup: int = 2) -> float:
     """Images/s the training loader delivers with ``num_workers`` (no model), after ``warmup`` batches."""
-    from zoo.data.loader import build_loader
-    from zoo.data.sampler import TrainBatchSampler
 
     sampler = TrainBatchSampler(len(ds), batch_size, seed=0, stop_step=warmup + steps)
     it = iter(build_loader(ds, sampler, num_workers))

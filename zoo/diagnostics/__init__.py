@@ -1,0 +1,11 @@
+"""Diagnostics of AMP numerics, run outside training: the doctor, its probe and prescriptions,
+the conformance check against Paddle's compiled AMP rule, and number-format statistics.
+
+- :mod:`zoo.diagnostics.numerics`: formats (fp16/bf16 ranges) and exponent statistics of tensors;
+- :mod:`zoo.diagnostics.probe`: records every op's output and gradient during a few steps;
+- :mod:`zoo.diagnostics.doctor`: measures a model under FP32 and the emulation (``tools/amp_doctor.py``);
+- :mod:`zoo.diagnostics.prescribe`: findings and fixes from what the doctor measured;
+- :mod:`zoo.diagnostics.doctor_report`: the doctor's table, JSON, plot and HTML;
+- :mod:`zoo.diagnostics.conformance`: the emulation's op decisions against Paddle's own
+  (``tools/amp_conformance.py``).
+"""
