@@ -219,7 +219,7 @@ def test_compiled_real_amp_matches_eager(model, tmp_path):
     runs = {}
     for name, amp_name, compiled in (("eager", "O1", False), ("compiled", "O1", True), ("fp32", "fp32", False)):
         trainer = _trainer(tmp_path / name, model, amp_name, f"trainer.compile={str(compiled).lower()}")
-        assert trainer.s.compile is compiled
+        assert trainer.settings.compile is compiled
         trainer.model.train()
         batches = _batches(trainer, 3)  # build_trainer seeds: same initial weights, same batches
         runs[name] = [trainer.train_step(next(batches))[0]["loss"] for _ in range(3)]

@@ -19,34 +19,6 @@ from zoo.engine.runinfo import run_stamp  # noqa: E402
 OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
 
 
-def _compose_once() -> None:
-    """Make ``@hydra.main`` compose the config once per run instead of twice.
-
-    Hydra 1.3 composes the whole config a first time only to read ``hydra.mode``
-    (``Hydra.get_mode``, ~0.2 s of the ~0.5 s it spends composing train.yaml), then again
-    for the job. No file in configs/ sets ``hydra.mode`` (tests/test_fixed_costs.py checks), so
-    unless the command line does, that probe returns None, from which Hydra takes the mode
-    from ``-m`` or its absence: answer None without composing. With a ``hydra.mode``
-    override Hydra's own probe runs.
-    """
-    from hydra._internal.hydra import Hydra
-
-    probe = Hydra.get_mode
-    if getattr(probe, "skips_composition", False):
-        return
-
-    def get_mode(self, config_name, overrides):
-        if any(o.lstrip("+~").startswith("hydra.mode") for o in overrides):
-            return probe(self, config_name, overrides)
-        return None
-
-    get_mode.skips_composition = True
-    Hydra.get_mode = get_mode
-
-
-_compose_once()
-
-
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (config, data, checkpoints): shown as one clear line, exit status 2."""
     from zoo.amp import AmpConfigError, AmpUnsupportedError

@@ -73,7 +73,7 @@ def after_training(trainer, make_model, metrics: dict, eval_precision: str, n_re
         model = make_model()
         model.set_state_dict(_fp32_weights(trainer))
         fp32_metrics = evaluate(model, task, Amp(), trainer.val_set, trainer.eval_batch_size,
-                                trainer.s.num_workers, False)
+                                trainer.settings.num_workers, False)
         fp32_ci = _bootstrap(task, n_resamples)
         if dist.is_main():
             log.info("FP32 evaluation of the final weights: %s %.4f (%s: %.4f)", primary,

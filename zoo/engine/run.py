@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
-from zoo.amp import current_device
+from zoo.amp import Amp, DeviceInfo, current_device
 from zoo.engine import final_eval, provenance
 from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
@@ -129,7 +130,20 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     return opt, sched, lr
 
 
-def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
+@dataclass
+class RunFacts:
+    """What :func:`build_trainer` learned while building, for summary.json (beside the Trainer)."""
+
+    amp: Amp
+    device: DeviceInfo
+    lr: float                        # the base LR after batch scaling
+    pairing: dict                    # digests of the initial weights and first batches
+    data_version: dict
+    pretrained: dict | None          # load report of model.net.pretrained
+    data_report: dict | None         # skipped samples per split (counts, then messages)
+
+
+def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
     """Everything a run needs, validated, in the order that fails fastest."""
     validate(cfg)
     amp = build_amp(cfg)
@@ -164,11 +178,11 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, dict]:
     model = dist.wrap(model)
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
-                      config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-    info = {"device": device.name, "lr": lr, "amp": amp, "device_info": device, "pairing": pairing,
-            "data_version": provenance.dataset_version(train_set),
-            "pretrained": getattr(dist.unwrap(model), "pretrained_report", None), "data_report": data_report}
-    return trainer, info
+                      config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard)
+    facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
+                     data_version=provenance.dataset_version(train_set),
+                     pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report)
+    return trainer, facts
 
 
 def copy_launch_logs(out_dir: Path) -> None:
@@ -200,13 +214,14 @@ def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) ->
 def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
     t0 = time.time()
     git_revision()  # fixed now, before training: the revision of the code this process runs
-    trainer, info = build_trainer(cfg, out_dir)
-    amp = info["amp"]
+    trainer, facts = build_trainer(cfg, out_dir)
+    amp, compiled = facts.amp, trainer.settings.compile
+    data_report = facts.data_report
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
-        info["data_report"] = record_data_report(info["data_report"], out_dir)
-        announce(amp.describe(info["device_info"]))
+        data_report = record_data_report(data_report, out_dir)
+        announce(amp.describe(facts.device))
     result = trainer.fit()
     primary = trainer.task.primary_metric
     if result["metrics"]:
@@ -221,10 +236,10 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
     summary = {
         "status": "completed", "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
         "requested_precision": amp.requested, "effective_precision": amp.effective,
-        "precision_reason": amp.reason, "device": info["device"], "world_size": dist.world_size(),
-        "compiled": trainer.s.compile, "compiled_scope": COMPILED_SCOPE if trainer.s.compile else None,
+        "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
+        "compiled": compiled, "compiled_scope": COMPILED_SCOPE if compiled else None,
         "batch_size_per_rank": cfg.model.batch_size,
-        "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": info["lr"],
+        "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": facts.lr,
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
         "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
         "metrics": result["metrics"], "best": result["best"],
@@ -233,14 +248,14 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "wall_time_s": trainer.wall_before_resume + time.time() - t0,
         "wall_time_before_resume_s": trainer.wall_before_resume, "skipped_steps": amp.skipped_steps,
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
-        "guard_events": amp.guard.events[-100:], "guard_event_count": len(amp.guard.events),
+        "guard_events": trainer.guard.events[-100:], "guard_event_count": len(trainer.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
         "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
-        "pretrained": info["pretrained"], "data_report": info["data_report"],
+        "pretrained": facts.pretrained, "data_report": data_report,
         "param_digests": digests,
-        "versions": provenance.library_versions(), "data_version": info["data_version"],
+        "versions": provenance.library_versions(), "data_version": facts.data_version,
         "config_digest": provenance.config_digest(cfg),
-        "config_digest_excludes": list(provenance.CONFIG_DIGEST_EXCLUDES), "pairing": info["pairing"],
+        "config_digest_excludes": list(provenance.CONFIG_DIGEST_EXCLUDES), "pairing": facts.pairing,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
         **evals,

@@ -1,7 +1,7 @@
 """The training loop: one call sequence for every precision, few hooks in a visible order.
 
-After every optimizer step the hooks run in ``HOOK_ORDER``: the LR scheduler steps, then the log
-hook (metrics line, progress bar), the eval hook (every ``eval_every`` steps, keeping the best
+After every optimizer step four hooks run, in this order (``Trainer._after_step``): the LR scheduler
+steps, then the log hook (metrics line, progress bar), the eval hook (every ``eval_every`` steps, keeping the best
 weights) and the checkpoint hook (every ``ckpt_every`` steps, atomic). The loop never branches on
 precision: that is the Amp component's business.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from zoo.amp.guard import NumericsGuardStop, nonfinite_grads
+from zoo.amp.guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
@@ -27,9 +27,6 @@ from zoo.engine.signals import StopRequests, TrainingInterrupted
 from zoo.utils import distributed as dist
 
 log = logging.getLogger(__name__)
-
-HOOK_ORDER = ("lr_step", "log", "eval", "checkpoint")
-
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN/inf in a run without a loss scaler to absorb it."""
@@ -76,12 +73,14 @@ class Trainer:
 
     def __init__(self, model, task, amp, optimizer, scheduler, train_set, val_set, batch_size: int,
                  eval_batch_size: int, seed: int, settings: TrainerSettings, out_dir: Path,
-                 ema=None, config_yaml: str = ""):
+                 ema=None, config_yaml: str = "", guard: NumericsGuard | None = None):
         self.model, self.task, self.amp = model, task, amp
+        # the numerics guard watches every step; the Amp component configures it (amp.guard.*)
+        self.guard = guard if guard is not None else NumericsGuard()
         self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
         self.train_set, self.val_set = train_set, val_set
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
-        self.s = settings
+        self.settings = settings
         self.out_dir = Path(out_dir)
         self.config_yaml = config_yaml
         self.main = dist.is_main()
@@ -135,7 +134,7 @@ class Trainer:
 
     def _maybe_resume(self) -> None:
         own = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
-        path = ckpt.find_resume(self.s.resume, self.out_dir)
+        path = ckpt.find_resume(self.settings.resume, self.out_dir)
         if path is None and own.is_file():
             raise ckpt.CheckpointError(
                 f"{self.out_dir} already holds a run ({own}); pass trainer.resume=auto to continue it "
@@ -144,7 +143,7 @@ class Trainer:
             return
         state = ckpt.load(path)
         self.resume_changes = ckpt.check_resume_config(state.get("config"), self.config_yaml, path,
-                                                       bool(self.s.resume_allow_changes))
+                                                       bool(self.settings.resume_allow_changes))
         self.load_state_dict(state, path)
         self.resumed_from = str(path)
         self.saved_step = self.step
@@ -162,12 +161,12 @@ class Trainer:
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
                                     dist.world_size(), drop_last=True, start_step=self.step,
-                                    stop_step=self.s.max_steps)
+                                    stop_step=self.settings.max_steps)
         self.steps_per_epoch = sampler.steps_per_epoch
-        loader = build_loader(self.train_set, sampler, self.s.num_workers)
-        bar = tqdm(total=self.s.max_steps, initial=self.step, disable=not (self.main and self.s.progress),
+        loader = build_loader(self.train_set, sampler, self.settings.num_workers)
+        bar = tqdm(total=self.settings.max_steps, initial=self.step, disable=not (self.main and self.settings.progress),
                    desc="train", dynamic_ncols=True)
-        self.amp.guard.attach(dist.unwrap(self.model))
+        self.guard.attach(dist.unwrap(self.model))
         self.model.train()
         with StopRequests(enabled=dist.world_size() == 1) as stop:
             try:
@@ -189,12 +188,12 @@ class Trainer:
         if self.last_eval.get("step") == self.step:
             final = self.last_eval["metrics"]
         else:  # trainer.final_eval=false: no metrics (timing runs, benchmarks)
-            final = self.evaluate() if self.s.final_eval else {}
+            final = self.evaluate() if self.settings.final_eval else {}
         self.save_checkpoint()
-        if self.s.draw_samples > 0 and self.main:
+        if self.settings.draw_samples > 0 and self.main:
             model = dist.unwrap(self.model)
             with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
-                draw_samples(self.task, model, self.val_set, self.s.draw_samples,
+                draw_samples(self.task, model, self.val_set, self.settings.draw_samples,
                              self.out_dir / "drawings", f"step{self.step}")
         return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
                 "resume_changes": self.resume_changes,
@@ -203,7 +202,7 @@ class Trainer:
 
     def _loop(self, data_iter, bar, stop: StopRequests) -> None:
         window = {"steps": 0, "time": 0.0, "terms": {}}
-        while self.step < self.s.max_steps:
+        while self.step < self.settings.max_steps:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
             batch = next(data_iter)
             window["lr"] = float(self.optimizer.get_lr())  # the LR this step uses
@@ -219,7 +218,7 @@ class Trainer:
             bar.update(1)
             self._guard(stepped, bad)
             self._after_step(window, bar)
-            if stop.signum is not None and self.step < self.s.max_steps:
+            if stop.signum is not None and self.step < self.settings.max_steps:
                 if self.saved_step != self.step:
                     self.save_checkpoint()
                 raise self._interrupted(stop.signum, saved=True)
@@ -241,7 +240,7 @@ class Trainer:
         Returns the loss terms, whether the parameters moved, and (on a skipped step) the names of
         the parameters whose gradients were non-finite.
         """
-        self.amp.guard.before_step()
+        self.guard.before_step()
         losses = self.forward_losses(batch)  # under amp.autocast(), compiled or not
         self.amp.backward(losses["loss"])
         stepped = self.amp.step(self.optimizer)
@@ -259,9 +258,9 @@ class Trainer:
     def _guard(self, stepped: bool, bad: list[str]) -> None:
         """Numerics guard after each step; on a stop, save the evidence first."""
         try:
-            events = self.amp.guard.after_step(self.step, stepped, self.amp.loss_scale, bad)
+            events = self.guard.after_step(self.step, stepped, self.amp.loss_scale, bad)
         except NumericsGuardStop as stop:
-            for e in self.amp.guard.events[-1:]:
+            for e in self.guard.events[-1:]:
                 self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
             self.save_checkpoint()
             raise NumericsGuardStop(f"{stop}; checkpoint saved: "
@@ -271,7 +270,7 @@ class Trainer:
 
     def _after_step(self, window: dict, bar) -> None:
         self.scheduler.step()  # hook 1: lr_step
-        if self.step % self.s.log_every == 0 or self.step == self.s.max_steps:  # hook 2: log
+        if self.step % self.settings.log_every == 0 or self.step == self.settings.max_steps:  # hook 2: log
             n = max(window["steps"], 1)
             rec = {k: v / n for k, v in window["terms"].items()}
             images = n * self.batch_size * dist.world_size()
@@ -283,9 +282,9 @@ class Trainer:
                             scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
                             ips=f"{rec['images_per_s']:.1f}")
             window.update(steps=0, time=0.0, terms={})
-        if self.s.eval_every and self.step % self.s.eval_every == 0:  # hook 3: eval
+        if self.settings.eval_every and self.step % self.settings.eval_every == 0:  # hook 3: eval
             self.evaluate()
-        if self.step % self.s.ckpt_every == 0 and self.step < self.s.max_steps:  # hook 4: checkpoint
+        if self.step % self.settings.ckpt_every == 0 and self.step < self.settings.max_steps:  # hook 4: checkpoint
             self.save_checkpoint()
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -296,7 +295,7 @@ class Trainer:
         weights = self.ema.applied(model) if self.ema is not None else contextlib.nullcontext()
         with weights:
             metrics = evaluate(model, self.task, self.amp, self.val_set, self.eval_batch_size,
-                               self.s.num_workers, self.s.progress)
+                               self.settings.num_workers, self.settings.progress)
             primary = metrics[self.task.primary_metric]
             if not self.best or primary > self.best["value"]:
                 self.best = {"step": self.step, "value": primary, "metric": self.task.primary_metric}

@@ -22,6 +22,7 @@ our mAP was measured with. PaddleX and PaddleDetection's clients clip after NMS 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import paddle
 from paddle import nn
@@ -129,7 +130,7 @@ def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list:
 
 def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping | None = None,
                    nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32") -> list[Path]:
-    """Save a PP-YOLOE with NMS in the graph (zoo/export/detection.py) in ``layout``:
+    """Save a PP-YOLOE with NMS in the graph (:class:`PPYOLOEDeploy`) in ``layout``:
 
     ``paddledetection``: ``model.{json,pdiparams}`` + ``infer_cfg.yml`` (``tools/export_model.py``);
     ``paddlex``: ``inference.{json,pdiparams}`` + ``inference.yml`` (upstream's ``--for_fd``), which
