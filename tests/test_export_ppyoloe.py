@@ -45,7 +45,7 @@ CLS_STD = 0.2  # std of the redrawn class-prediction weights: scores spread but 
 # Config.enable_memory_optim(), with which Paddle 3.3.1's create_predictor fails for every PIR program
 # (a plain ResNet too: "Not find predictor_id 0 and pass_name memory_optimize_pass"); it is made a no-op
 # (it changes memory reuse, not results). And Paddle 3.3.1's Config turns oneDNN on by default, which
-# infer.py's --enable_mkldnn=False never turns off: oneDNN fails on nearest_interp (README, Deploy), so
+# infer.py's --enable_mkldnn=False never turns off: oneDNN fails on nearest_interp (docs/export.md), so
 # the predictor is created with it off, as infer.py means to.
 PADDLEDET_SCRIPT = r'''
 import json, sys, types
@@ -160,7 +160,7 @@ def _export(tmp_path, model, *extra, name="ppyoloe_tiny"):
 
 
 def _paddle_inference(model_file, params_file, paths, eval_size):
-    """Paddle Inference (CPU, oneDNN off: see README Deploy) on PaddleDetection's preprocessing."""
+    """Paddle Inference (CPU, oneDNN off: see docs/export.md) on PaddleDetection's preprocessing."""
     from paddle import inference
 
     config = inference.Config(str(model_file), str(params_file))

@@ -1,6 +1,6 @@
 """export.precision=fp16|bf16: O2-cast weights in the file, checked against our emulated O2 evaluation.
 
-On this CPU build of Paddle 3.3.1 (README, Deploy): a bf16 ResNet builds and runs in Paddle
+On this CPU build of Paddle 3.3.1 (docs/export.md): a bf16 ResNet builds and runs in Paddle
 Inference with oneDNN, so its outputs are compared with the same weights evaluated under
 ``amp=bf16_O2`` (zoo/amp/emulation.py, what ``tools/eval.py ... amp=bf16_O2`` runs). fp16 programs
 (any model) and bf16 DB / PP-YOLOE cannot be built by a CPU build: the export must say which op is

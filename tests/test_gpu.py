@@ -1,6 +1,6 @@
 """What only a CUDA GPU can check: Paddle's real AMP under the zoo's recipes (``pytest -m gpu``).
 
-Run on a GPU machine (README "Tests on a GPU")::
+Run on a GPU machine (docs/gpu.md, "Tests on a GPU")::
 
     NVIDIA_TF32_OVERRIDE=0 pytest -m gpu -s -rs -q --junitxml=gpu_tests.xml 2>&1 | tee gpu_tests.log
 

@@ -107,10 +107,11 @@ def test_sigterm_stops_jobs_at_a_checkpoint_and_the_same_command_resumes(tmp_pat
 
 
 def test_readme_sweep_commands_plan_and_compose():
-    """Every `tools/sweep.py` command in the README expands, and each of its jobs composes."""
+    """Every `tools/sweep.py` command in the README and docs/ expands, and each of its jobs composes."""
     from conftest import compose
 
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "".join(p.read_text() for p in pages).replace("\\\n", " ")
     commands = [ln.split("python tools/sweep.py", 1)[1].split() for ln in text.splitlines()
                 if ln.startswith("python tools/sweep.py")]
     assert len(commands) >= 4

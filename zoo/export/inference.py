@@ -181,7 +181,7 @@ def _low_precision_error(precision: str, err: Exception) -> ExportError:
             f"(its {found.group(2)} accepts {found.group(4).strip()})") if found else str(err).strip().splitlines()[-1]
     return ExportError(f"export.precision={precision}: Paddle cannot build the program: {what}; a CPU build has "
                        f"no fp16 kernels and few bf16 ones, so build this export with a GPU build of Paddle "
-                       f"(README, Deploy)")
+                       f"(docs/export.md)")
 
 
 def save_program(layer: nn.Layer, model: nn.Layer, out_dir, specs: Sequence, prefix: str = INFERENCE_PREFIX,

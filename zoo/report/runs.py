@@ -1,6 +1,6 @@
 """Load finished run folders (summary.json + metrics.jsonl) and sort them into comparable groups.
 
-Only the documented run-folder contract is read (README "What a run leaves behind"), so the report
+Only the documented run-folder contract is read (docs/configuration.md, "What a run leaves behind"), so the report
 works on folders copied from another machine without Paddle or the original configs.
 """
 from __future__ import annotations
