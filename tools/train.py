@@ -22,3 +22,7 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     main()
+    # Under the launcher, a completed run's ranks leave without C++ teardown (it can crash rank 0).
+    from zoo.utils.distributed import exit_after_run
+
+    exit_after_run()

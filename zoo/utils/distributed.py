@@ -5,8 +5,10 @@ reductions. On CPU the launcher uses gloo, on GPU NCCL; nothing here depends on 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import sys
 
 import numpy as np
 import paddle
@@ -107,3 +109,27 @@ def gather_digests(digest: str) -> list[str]:
     out: list = []
     dist.all_gather(out, mine)
     return [bytes(t.numpy().astype(np.uint8).tolist()).hex() for t in out]
+
+
+def exit_after_run() -> None:
+    """End this launched rank now, after a run that completed on it: no C++ static teardown.
+
+    Why: a compiled run (``trainer.compile=true``) keeps the gloo process group alive past
+    interpreter finalization, and with it rank 0's TCP store server thread (the libuv
+    ``LibUVMasterDaemon``). ``exit()`` then destroys C++ statics (glog's VLOG state, the phi flag
+    registry) while that thread still runs; a peer closing its connection in that window makes
+    the thread's ``readCallback`` log through the destroyed glog state: SIGABRT (launcher exit 250)
+    or SIGSEGV (245) of rank 0 after the run's last line (issue 27, item 5).
+
+    The barrier keeps rank 0's store up until every rank is past its last collective. Python's
+    own clean-up (``atexit``: log handlers, loader workers) still runs; only the module and C++
+    teardown is skipped. A failure before this point exits the ordinary way with its own status,
+    and so does a run not under the launcher (nothing to do then).
+    """
+    if world_size() <= 1 or not dist.is_initialized():
+        return
+    barrier()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
