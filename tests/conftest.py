@@ -33,6 +33,16 @@ def ampzoo_home(tmp_path_factory):
         os.environ["AMPZOO_HOME"] = old
 
 
+def launch_failure(out, log_dir) -> str:
+    """Assertion message for a failed ``paddle.distributed.launch``: the one-line cause (failing rank,
+    its signal or status, its last log line; zoo/engine/launch_report.py), then each rank's log tail."""
+    from zoo.engine.launch_report import describe_launch_failure
+
+    tails = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                    for p in sorted(Path(log_dir).glob("workerlog.*")))
+    return describe_launch_failure(out.returncode, out.stderr + out.stdout, log_dir) + tails
+
+
 def compose(overrides=(), config_name="train"):
     """Compose configs/<config_name>.yaml with overrides, as tools/train.py would."""
     from hydra import compose as hydra_compose
