@@ -143,6 +143,7 @@ def test_train_transform_geometry_option():
 @pytest.mark.parametrize("seed", range(4))
 def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch):
     from zoo.data import images
+    from zoo.data.text_det import transforms
     from zoo.data.text_det.transforms import DetTrainTransform
 
     img, polys, ignore = _scene(seed, h=480, w=640)
@@ -151,7 +152,7 @@ def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch)
     data = buf.tobytes()
     flags = []
     real = images.decode_image
-    monkeypatch.setattr(images, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
+    monkeypatch.setattr(transforms, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
     t = DetTrainTransform(64, scale=(0.5, 1.0))  # the crop shrinks >= 2x: a reduced decode applies
     a = t.decode_and_apply(data, "x.jpg", polys, ignore, np.random.default_rng(seed))
     assert flags and flags[-1] != cv2.IMREAD_COLOR, "no reduced decode was used"
@@ -168,13 +169,14 @@ def test_reduced_decode_keeps_the_labels_and_nearly_the_image(seed, monkeypatch)
 
 def test_no_reduced_decode_when_the_crop_enlarges(monkeypatch):
     from zoo.data import images
+    from zoo.data.text_det import transforms
     from zoo.data.text_det.transforms import DetTrainTransform
 
     img, polys, ignore = _scene(0, h=120, w=160)
     data = cv2.imencode(".jpg", img)[1].tobytes()
     flags = []
     real = images.decode_image
-    monkeypatch.setattr(images, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
+    monkeypatch.setattr(transforms, "decode_image", lambda d, p, f=cv2.IMREAD_COLOR: flags.append(f) or real(d, p, f))
     t = DetTrainTransform(160, scale=(1.0, 2.0))
     a = t.decode_and_apply(data, "x.jpg", polys, ignore, np.random.default_rng(0))
     b = t(real(data, "x.jpg"), polys, ignore, np.random.default_rng(0))
