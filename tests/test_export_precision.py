@@ -1,4 +1,4 @@
-"""export.precision=fp16|bf16: O2-cast weights in the file, checked against our emulated O2 evaluation.
+"""export.store=low with export.precision=fp16|bf16: O2-cast weights in the file, checked against our emulated O2 evaluation.
 
 On this CPU build of Paddle 3.3.1 (docs/export.md): a bf16 ResNet builds and runs in Paddle
 Inference with oneDNN, so its outputs are compared with the same weights evaluated under
@@ -33,6 +33,10 @@ def _softmax(z):
     return e / e.sum(axis=1, keepdims=True)
 
 
+# The O2-cast file itself (export.store=low); the precision guard has tests of its own (test_export_guard.py).
+LOW = ["export.store=low", "export.guard=off"]
+
+
 def test_cast_o2_casts_like_decorate_and_leaves_the_model_alone():
     paddle.seed(0)
     model = zoo.create_model("resnet_tiny", num_classes=4)
@@ -59,7 +63,7 @@ def test_bf16_resnet_export_matches_emulated_bf16_o2(tmp_path):
     paddle.save(model.state_dict(), str(tmp_path / "w.pdparams"))
     out = tmp_path / "bf16"
     proc = run_tool([EXPORT, "model=resnet_tiny", f"weights={tmp_path / 'w.pdparams'}", f"export.out_dir={out}",
-                     "export.model_name=ResNet18", "export.onnx=false", "export.precision=bf16"], cwd=tmp_path)
+                     "export.model_name=ResNet18", "export.onnx=false", "export.precision=bf16", *LOW], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((out / "export.json").read_text())
     assert record["precision"] == "bf16"
@@ -115,7 +119,7 @@ def test_unbuildable_precision_names_the_op(tmp_path, model, precision, match):
     for name in ("export.json", "inference.json", "model.json"):
         (earlier / name).write_text("earlier")
     proc = run_tool([EXPORT, f"model={model}", f"export.out_dir={earlier}", "export.onnx=false",
-                     f"export.precision={precision}", *extra], cwd=tmp_path)
+                     f"export.precision={precision}", *LOW, *extra], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and f"export.precision={precision}: Paddle cannot build the program" in errors[0]
@@ -133,7 +137,7 @@ def test_bad_precision_value(tmp_path, value):
 
 def test_bf16_export_writes_no_onnx(tmp_path):
     """ONNX's Conv has no bfloat16 type: auto skips with the reason, true refuses in one line."""
-    common = [EXPORT, "model=resnet_tiny", "export.model_name=ResNet18", "export.precision=bf16"]
+    common = [EXPORT, "model=resnet_tiny", "export.model_name=ResNet18", "export.precision=bf16", *LOW]
     proc = run_tool([*common, f"export.out_dir={tmp_path / 'a'}", "export.onnx=auto"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((tmp_path / "a" / "export.json").read_text())

@@ -46,13 +46,18 @@ def _message(err: BaseException) -> str:
     return str(err)
 
 
+def announce_error(err: BaseException) -> None:
+    """Print ``error: <the one-line message>`` on stderr (and into the run's log)."""
+    from zoo.engine.runinfo import announce
+
+    announce(f"error: {_message(err)}", sys.stderr, logging.ERROR)
+
+
 def report_error(err: BaseException) -> int:
     """Print ``error: ...`` and return exit status 2 (re-raise for a traceback with HYDRA_FULL_ERROR=1)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
-    from zoo.engine.runinfo import announce
-
-    announce(f"error: {_message(err)}", sys.stderr, logging.ERROR)
+    announce_error(err)
     return 2
 
 

@@ -10,6 +10,7 @@ installed, the ONNX file; weights fp32 unless ``export.precision=fp16|bf16``. In
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import _entry  # noqa: F401  (sets sys.path and resolvers before Hydra runs)
@@ -21,10 +22,23 @@ from omegaconf import DictConfig
 @hydra.main(version_base="1.3", config_path=_entry.CONFIG_DIR, config_name="export")
 def main(cfg: DictConfig) -> None:
     from zoo.export import export_from_config  # ExportError is a ValueError: one "error:" line, exit 2
+    from zoo.export.guard import PrecisionRefused
 
-    out_dir = cfg.export.out_dir or Path(HydraConfig.get().runtime.output_dir) / "inference"
-    record = _entry.run_or_exit(export_from_config, cfg, out_dir)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    out_dir = cfg.export.out_dir or run_dir / "inference"
+    try:
+        record = _entry.run_or_exit(export_from_config, cfg, out_dir, print, run_dir)
+    except PrecisionRefused as refused:  # the check ran and said no: status 1, as a failed test
+        _entry.announce_error(refused)
+        sys.exit(1)
     print(json.dumps(record, indent=2))
+    check = record.get("precision_check")
+    if check and check["guard"] == "on":
+        print(f"precision check: {check['verdict']}: {check['metric']} {check['delta_pp']:+.2f} pp, "
+              f"{100 * check['level']:.0f}% CI [{check['ci_pp'][0]:+.2f}, {check['ci_pp'][1]:+.2f}], margin ±{check['margin_pp']:g}; "
+              f"keep fp32: {check['keep_fp32'] or 'nothing'} (precision_report.json)")
+    elif check:
+        print(f"precision check: {check['verdict']}")
     print(f"exported to {Path(out_dir).resolve()}")
 
 

@@ -383,6 +383,12 @@ _ORIGINAL = {"matmul": _C_ops.matmul, "add": _C_ops.add}
 _installed = False
 
 
+def install() -> None:
+    """Wrap the ops now rather than at the first ``with emulation:``. Code that wraps the ops itself
+    (the probes' ``every_op``) calls this first, so its own wrappers sit outside the emulation's."""
+    _install()
+
+
 def _install() -> None:
     """Wrap the ops once per process; wrappers cost one attribute lookup when no emulation is active."""
     global _installed

@@ -102,7 +102,7 @@ def _callables():
 
 
 @contextlib.contextmanager
-def _every_op(hook):
+def every_op(hook):
     """Route every ``_C_ops`` function and Tensor operator through ``hook(name, fn, args, kwargs)``;
     calls made inside a hooked call pass straight through."""
     state = threading.local()
@@ -217,7 +217,7 @@ def paddle_trace(model, forward, level: str, dtype: str, white=(), black=()) -> 
                               "" if decided else "no AMP rule"))
             return out
 
-        with paddle.no_grad(), _tracer_amp(level, dtype, white, black), _every_op(hook):
+        with paddle.no_grad(), _tracer_amp(level, dtype, white, black), every_op(hook):
             forward(model)
     return calls, low_params
 
@@ -239,7 +239,7 @@ def emulation_trace(model, forward, emulation: emu.Emulation, master_grad: bool 
         return out
 
     with paddle.no_grad(), emulation():
-        with _every_op(hook):
+        with every_op(hook):
             forward(model)
     return calls, low_params
 

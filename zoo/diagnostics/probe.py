@@ -69,6 +69,40 @@ class OpRecord:
         return self.low_calls * 2 > self.calls
 
 
+class LayerNames:
+    """Which sublayer is running: forward pre/post hooks on every sublayer keep a stack of
+    ``(name, type)``; :attr:`current` is the innermost. ``with LayerNames(model) as names:``."""
+
+    def __init__(self, model):
+        self.model = model
+        self._stack: list[tuple[str, str]] = [("model", type(model).__name__)]
+        self._hooks = []
+
+    @property
+    def current(self) -> tuple[str, str]:
+        return self._stack[-1]
+
+    def _push(self, name, kind):
+        def pre(_layer, _inputs):
+            self._stack.append((name, kind))
+        return pre
+
+    def _pop(self, _layer, _inputs, _output):
+        if len(self._stack) > 1:
+            self._stack.pop()
+
+    def __enter__(self):
+        for name, layer in self.model.named_sublayers():
+            self._hooks.append(layer.register_forward_pre_hook(self._push(name, type(layer).__name__)))
+            self._hooks.append(layer.register_forward_post_hook(self._pop))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
 class Probe:
     """Context that records :class:`OpRecord` s for forward passes run inside it.
 
@@ -82,26 +116,10 @@ class Probe:
         self.step = 0
         self.grad_scale = 1.0
         self.limit = FORMATS[fmt_dtype].max
-        self._stack: list[tuple[str, str]] = [("model", type(model).__name__)]
+        self._names = LayerNames(model)
         self._seen: Counter = Counter()
-        self._hooks = []
         self._param_names = {id(p): n for n, p in model.named_parameters()}
         self.low_inputs: set[str] = set()   # parameters entering a low-precision op: fp16 gradients
-
-    # ---- layer names --------------------------------------------------------------------------
-    def _attach(self):
-        for name, layer in self.model.named_sublayers():
-            self._hooks.append(layer.register_forward_pre_hook(self._push(name, type(layer).__name__)))
-            self._hooks.append(layer.register_forward_post_hook(self._pop))
-
-    def _push(self, name, kind):
-        def pre(_layer, _inputs):
-            self._stack.append((name, kind))
-        return pre
-
-    def _pop(self, _layer, _inputs, _output):
-        if len(self._stack) > 1:
-            self._stack.pop()
 
     # ---- ops ------------------------------------------------------------------------------------
     def _hook(self, name, fn, args, kwargs):
@@ -109,7 +127,7 @@ class Probe:
         floats = conf._float_out(out)
         if not floats:
             return out
-        layer, kind = self._stack[-1]
+        layer, kind = self._names.current
         base = f"{layer}:{name}"
         self._seen[base] += 1
         key = base if self._seen[base] == 1 else f"{base}#{self._seen[base] - 1}"
@@ -154,17 +172,15 @@ class Probe:
     def forward(self):
         """Record the forward run inside (one training step's ``task.losses``)."""
         self._seen.clear()
-        with conf._every_op(self._hook):
+        with conf.every_op(self._hook):
             yield
 
     def __enter__(self):
-        self._attach()
+        self._names.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self._names.__exit__(*exc)
 
 
 def bf16_round(a: np.ndarray) -> np.ndarray:

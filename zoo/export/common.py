@@ -1,7 +1,10 @@
 """What every exporter shares: the error type whose message names the key, and number checks."""
 from __future__ import annotations
 
-__all__ = ["ExportError", "floats"]
+__all__ = ["PRECISION_REPORT", "PRECISION_PLOT", "ExportError", "floats"]
+
+# The precision guard's files beside an fp16 / bf16 export (zoo/export/guarded.py)
+PRECISION_REPORT, PRECISION_PLOT = "precision_report.json", "precision_layers.png"
 
 
 class ExportError(ValueError):

@@ -2,10 +2,13 @@
 
 Which exporter a model gets follows its task: DB -> :func:`~zoo.export.inference.export_inference`
 (shrink map), classification -> the same (softmax probabilities), PP-YOLOE ->
-:func:`~zoo.export.inference.export_ppyoloe` (NMS in the graph). Options: configs/export.yaml.
+:func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph). For fp16 / bf16 the precision guard
+checks the deployment first (zoo/export/guard.py). Options: configs/export.yaml.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import paddle
@@ -17,6 +20,7 @@ from zoo.engine.run import build, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.common import ExportError
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
+from zoo.export.guarded import PLOT, YML_KEY, guard_mode, run_guard, skipped_report, write_report, yml_block
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
     INFERENCE_PREFIX,
@@ -27,7 +31,7 @@ from zoo.export.inference import (
     export_onnx,
     paddlex_cls_name,
 )
-from zoo.export.precision import check_precision
+from zoo.export.precision import PRECISIONS, check_precision
 
 __all__ = ["export_from_config", "saved_dtypes"]
 
@@ -61,7 +65,21 @@ def _ppyoloe_labels(cfg, builder, num_classes: int) -> list[str]:
     return labels
 
 
-def _ppyoloe_export(cfg, model, out_dir: Path, precision: str):
+@dataclass
+class _Plan:
+    """What to export: the task kind, the client yml, and ``write(out_dir, yml, precision)``."""
+
+    kind: str                         # db | classification | ppyoloe
+    yml: dict
+    write: Callable
+    model_name: str
+    shape: list
+    output: str
+    prefix: str = INFERENCE_PREFIX
+    layout: str = "paddlex"
+
+
+def _ppyoloe_plan(cfg, model) -> _Plan:
     """PP-YOLOE: preprocessing read off the data's eval transform, labels, NMS from model.task.nms."""
     ex = cfg.export
     layout = _layout(ex.get("layout"), tuple(LAYOUTS), "paddledetection")
@@ -75,8 +93,43 @@ def _ppyoloe_export(cfg, model, out_dir: Path, precision: str):
     if ex.input_shape is not None:
         raise ExportError(f"export.input_shape: PP-YOLOE's is [-1, 3, S, S] with S = data.builder.eval_size "
                           f"({evt.eval_size}), got {list(ex.input_shape)}; set data.builder.eval_size instead")
-    files = export_ppyoloe(model, out_dir, evt.eval_size, infer_cfg, nms, layout, precision)
-    return files, model_name, [-1, 3, evt.eval_size, evt.eval_size], "bbox, bbox_num", LAYOUTS[layout][0], layout
+
+    def write(out_dir, yml, precision):
+        return export_ppyoloe(model, out_dir, evt.eval_size, yml, nms, layout, precision)
+    return _Plan("ppyoloe", infer_cfg, write, model_name, [-1, 3, evt.eval_size, evt.eval_size], "bbox, bbox_num",
+                 LAYOUTS[layout][0], layout)
+
+
+def _plan(cfg, model) -> _Plan:
+    """DB -> shrink map; classification -> softmax probabilities; PP-YOLOE -> NMS in the graph."""
+    ex, task = cfg.export, cfg.model.task
+    target = str(task.get("_target_", ""))
+    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
+    if target.endswith("PPYOLOETask"):
+        return _ppyoloe_plan(cfg, model)
+    if target.endswith("DBTask"):
+        _layout(ex.get("layout"), ("paddlex",), "paddlex")
+        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
+        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
+                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
+        kind, shape, output = "db", list(ex.input_shape or [-1, 3, -1, -1]), "maps"
+    elif target.endswith("ClassificationTask"):
+        _layout(ex.get("layout"), ("paddlex",), "paddlex")
+        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
+        if not model_name:
+            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
+                              f"pass one, e.g. export.model_name=ResNet18")
+        size = int(cfg.data.builder.image_size)
+        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
+                                num_classes=cfg.data.get("num_classes"))
+        kind, shape, output = "classification", list(ex.input_shape or [-1, 3, size, size]), "probs"
+    else:
+        raise ExportError(f"model.task._target_: no export recipe for {target!r} (known: zoo.tasks.DBTask, "
+                          f"zoo.tasks.ClassificationTask, zoo.tasks.PPYOLOETask)")
+
+    def write(out_dir, yml, precision):
+        return export_inference(model, out_dir, shape, yml, output, precision)
+    return _Plan(kind, yml, write, model_name, shape, output)
 
 
 def saved_dtypes(prefix_path: Path) -> dict[str, int]:
@@ -89,17 +142,27 @@ def saved_dtypes(prefix_path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def export_from_config(cfg, out_dir) -> dict:
-    """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, export; returns the export record.
+def _store(value, precision: str) -> str:
+    store = str(value).lower()
+    if store not in ("fp32", "low"):
+        raise ExportError(f"export.store: expected fp32 or low, got {value!r}")
+    return "fp32" if precision == "fp32" else store
 
-    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
-    model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
-    input_shape, precision, layout, onnx (auto|true|false), opset, model_name, limit_side_len,
-    limit_type, label_list, draw_threshold (configs/export.yaml).
-    """
-    ex = cfg.export
-    onnx_mode = _onnx_mode(ex.onnx)
-    precision = check_precision(ex.get("precision", "fp32"))
+
+def _onnx(ex, out_dir: Path, stored: str, prefix: str) -> tuple[Path | None, str]:
+    mode = _onnx_mode(ex.onnx)
+    if mode == "false":
+        return None, "ONNX not requested (export.onnx=false)"
+    if stored == "bf16":  # paddle2onnx 2.1.0 writes one, but ONNX's Conv has no bf16 type
+        if mode == "true":
+            raise ExportError("export.onnx=true: no ONNX for export.precision=bf16 (ONNX's Conv takes no "
+                              "bfloat16; onnxruntime rejects the model paddle2onnx writes)")
+        return None, "ONNX skipped: ONNX's Conv takes no bfloat16 (export.precision=bf16)"
+    return export_onnx(out_dir, int(ex.opset), required=mode == "true", prefix=prefix)
+
+
+def _load(cfg):
+    """The model of ``cfg.model.net`` with ``cfg.weights`` loaded, and where its weights came from."""
     if cfg.model.net.get("name") not in zoo.list_models():
         raise ExportError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
                           f"known: {', '.join(zoo.list_models())}")
@@ -113,47 +176,58 @@ def export_from_config(cfg, out_dir) -> dict:
         weights, source = resolve_weights(cfg.weights)
         check_fits(model, weights, source, f"model {cfg.model.name}")
         model.set_state_dict(weights)
-    task = cfg.model.task
-    target = str(task.get("_target_", ""))
-    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
+    return model, source
+
+
+def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
+    """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, check a low precision, export;
+    returns the export record.
+
+    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
+    model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
+    input_shape, precision, store, guard, check, layout, onnx (auto|true|false), opset, model_name,
+    limit_side_len, limit_type, label_list, draw_threshold (configs/export.yaml). For fp16 / bf16 the
+    precision guard runs first (zoo/export/guarded.py); a refusal raises
+    :class:`~zoo.export.guard.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
+    ``out_dir``) and leaves ``out_dir`` as it was.
+    """
+    ex = cfg.export
+    _onnx_mode(ex.onnx)
+    precision = check_precision(ex.get("precision", "fp32"))
+    stored = _store(ex.get("store", "fp32"), precision)
+    check = guard_mode(ex.get("guard", "on"))
+    model, source = _load(cfg)
+    plan = _plan(cfg, model)
     out_dir = Path(out_dir)
-    prefix, layout = INFERENCE_PREFIX, "paddlex"
-    if target.endswith("DBTask"):
-        _layout(ex.get("layout"), ("paddlex",), "paddlex")
-        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
-        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
-                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
-        shape, output = ex.input_shape or [-1, 3, -1, -1], "maps"
-        files = export_inference(model, out_dir, list(shape), yml, output, precision)
-    elif target.endswith("ClassificationTask"):
-        _layout(ex.get("layout"), ("paddlex",), "paddlex")
-        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
-        if not model_name:
-            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
-                              f"pass one, e.g. export.model_name=ResNet18")
-        size = int(cfg.data.builder.image_size)
-        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
-                                num_classes=cfg.data.get("num_classes"))
-        shape, output = ex.input_shape or [-1, 3, size, size], "probs"
-        files = export_inference(model, out_dir, list(shape), yml, output, precision)
-    elif target.endswith("PPYOLOETask"):
-        files, model_name, shape, output, prefix, layout = _ppyoloe_export(cfg, model, out_dir, precision)
-    else:
-        raise ExportError(f"model.task._target_: no export recipe for {target!r} (known: zoo.tasks.DBTask, "
-                          f"zoo.tasks.ClassificationTask, zoo.tasks.PPYOLOETask)")
-    if onnx_mode == "false":
-        onnx_path, onnx_msg = None, "ONNX not requested (export.onnx=false)"
-    elif precision == "bf16":  # paddle2onnx 2.1.0 writes one, but ONNX's Conv has no bf16 type
-        if onnx_mode == "true":
-            raise ExportError("export.onnx=true: no ONNX for export.precision=bf16 (ONNX's Conv takes no "
-                              "bfloat16; onnxruntime rejects the model paddle2onnx writes)")
-        onnx_path, onnx_msg = None, "ONNX skipped: ONNX's Conv takes no bfloat16 (export.precision=bf16)"
-    else:
-        onnx_path, onnx_msg = export_onnx(out_dir, int(ex.opset), required=onnx_mode == "true", prefix=prefix)
-    record = {"model": str(cfg.model.name), "paddlex_model_name": model_name, "weights": source, "layout": layout,
-              "input_shape": [int(d) for d in shape], "output": output, "precision": precision,
-              "saved_dtypes": saved_dtypes(out_dir / prefix),
+    report = None
+    if precision != "fp32":
+        refused_dir = Path(report_dir) if report_dir else out_dir.parent / "precision_refused"
+        report = run_guard(cfg, model, plan.kind, precision, refused_dir, log) if check else skipped_report(precision)
+        if stored == "low" and report.get("keep_fp32"):
+            raise ExportError(f"export.store=low: the check keeps {report['keep_fp32']} fp32, which a file of "
+                              "O2-cast weights cannot; use export.store=fp32 (the client converts at load)")
+        report["stored_weights"] = PRECISIONS[precision if stored == "low" else "fp32"]
+        plan.yml[YML_KEY] = yml_block(report)
+    files = plan.write(out_dir, plan.yml, precision if stored == "low" else "fp32")
+    if report is not None:
+        files.append(write_report(report, out_dir))
+        if (out_dir / PLOT).is_file():
+            files.append(out_dir / PLOT)
+    onnx_path, onnx_msg = _onnx(ex, out_dir, precision if stored == "low" else "fp32", plan.prefix)
+    record = {"model": str(cfg.model.name), "paddlex_model_name": plan.model_name, "weights": source,
+              "layout": plan.layout, "input_shape": [int(d) for d in plan.shape], "output": plan.output,
+              "precision": precision, "stored_weights": "float32" if stored == "fp32" else PRECISIONS[precision],
+              "saved_dtypes": saved_dtypes(out_dir / plan.prefix),
               "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,
+              "precision_check": _check_summary(report),
               "paddle_version": paddle.__version__, "git_revision": git_revision()}
     write_json(out_dir / "export.json", record)
     return record
+
+
+def _check_summary(report: dict | None) -> dict | None:
+    if report is None:
+        return None
+    keys = ("guard", "verdict", "metric", "delta_pp", "ci_pp", "level", "margin_pp", "keep_fp32",
+            "consumer_black_list")
+    return {k: report.get(k) for k in keys}

@@ -24,7 +24,7 @@ import paddle
 import yaml
 from paddle import nn
 
-from zoo.export.common import ExportError, floats
+from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats
 from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
 
@@ -43,7 +43,7 @@ INFERENCE_PREFIX = "inference"   # PaddleX / PaddleOCR / PaddleClas file names (
 DEPLOY_PREFIX = "model"           # PaddleDetection's deploy layout: model.* + infer_cfg.yml
 MODEL_EXTS = (".json", ".pdmodel", ".pdiparams", ".pdiparams.info")
 ARTEFACTS = tuple(f"{prefix}{ext}" for prefix in (INFERENCE_PREFIX, DEPLOY_PREFIX) for ext in MODEL_EXTS + (".onnx",)) \
-    + ("inference.yml", "infer_cfg.yml", "export.json")
+    + ("inference.yml", "infer_cfg.yml", "export.json", PRECISION_REPORT, PRECISION_PLOT)
 LAYOUTS = {"paddlex": (INFERENCE_PREFIX, "inference.yml"), "paddledetection": (DEPLOY_PREFIX, "infer_cfg.yml")}
 YML_HEADER = "# Written by ampzoo (tools/export.py); export.json says from what, and in which precision.\n"
 DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
