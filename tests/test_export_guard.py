@@ -10,7 +10,7 @@ import math
 import numpy as np
 import paddle
 import pytest
-from conftest import ROOT, compose, run_tool
+from conftest import ROOT, run_tool
 
 from zoo.amp.emulation import is_low
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, consumer_black_list, fold_batch_norms
