@@ -121,3 +121,26 @@ def test_missing_image_file_in_a_list_is_one_line_naming_it(tmp_path, capsys):
     assert status == 2 and "Traceback" not in err
     line = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(line) == 1 and f"image file not found: {root / 'img' / 'gone.png'}" in line[0]
+
+
+def test_a_run_whose_every_step_was_skipped_says_so_and_exits_3(tiny_cfg, tmp_path, capsys):
+    # A loss scale of 1e30 overflows fp16 at every one of the 4 steps (halving per skip leaves it
+    # at 1.25e29): the weights never move. The run completes, but must not look like a result.
+    run = tmp_path / "run"
+    status, err = _run(tiny_cfg("amp=O1", "amp.init_loss_scaling=1e30"), run, capsys)
+    summary = json.loads((run / "summary.json").read_text())
+    assert status == 3, err
+    assert summary["skipped_steps"] == summary["steps"] == 4 and summary["all_steps_skipped"] is True
+    assert "error: every one of the 4 steps was skipped" in err and "never updated" in err
+    # the report sets such a run aside as no evidence
+    from zoo.report.runs import load_runs, set_aside_reason
+    (reason,) = [set_aside_reason(r) for r in load_runs([run])]
+    assert "every one of its 4 steps was skipped" in reason
+
+
+def test_a_run_with_some_skipped_steps_is_an_ordinary_result(tiny_cfg, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = tiny_cfg("amp=O1", "amp.init_loss_scaling=2.5e5")  # 2.5e5 and 1.25e5 overflow (measured)
+    train(cfg, run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 < summary["skipped_steps"] < summary["steps"] and summary["all_steps_skipped"] is False

@@ -313,3 +313,15 @@ def test_parity_ppyoloe_s_ft_is_the_quick_run_fine_tuned_from_one_base():
                            "data.builder.num_val": (200, 500)}
     with pytest.raises(Exception, match="finetune_from"):
         OmegaConf.to_container(compose(["experiment=parity_ppyoloe_s_ft"]), resolve=True, throw_on_missing=True)
+
+
+@pytest.mark.parametrize("tiny, family", [("db_det_tiny", "db_det"), ("db_det_r18", "db_det"),
+                                          ("ppyoloe_tiny", "ppyoloe_s")])
+@pytest.mark.parametrize("amp", ["fp32", "O1", "O2", "bf16_O1", "bf16_O2"])
+def test_small_models_inherit_their_family_recipe(tiny, family, amp):
+    """issue 29.4: db_det_tiny amp=O2 without db_det's exp black-list skipped every step."""
+    own, fam = compose([f"model={tiny}", f"amp={amp}"]).amp, compose([f"model={family}", f"amp={amp}"]).amp
+    assert list(own.custom_black_list) == list(fam.custom_black_list)
+    assert own.init_loss_scaling == fam.init_loss_scaling
+    if family == "db_det" and amp != "fp32":
+        assert "exp" in own.custom_black_list

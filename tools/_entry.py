@@ -100,6 +100,7 @@ def run_or_exit(fn, *args):
     """
     from omegaconf.errors import OmegaConfBaseException
 
+    from zoo.engine.run import NoStepUpdated
     from zoo.engine.runinfo import announce
     from zoo.engine.signals import TrainingInterrupted
 
@@ -108,6 +109,9 @@ def run_or_exit(fn, *args):
     except TrainingInterrupted as stop:
         announce(str(stop), sys.stderr, logging.WARNING)
         sys.exit(stop.exit_status)
+    except NoStepUpdated as none:  # summary.json is written; exit 3 so a script or sweep sees it
+        announce(f"error: {none}", sys.stderr, logging.ERROR)
+        sys.exit(none.exit_status)
     except KeyboardInterrupt:
         announce("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)",
                  sys.stderr, logging.WARNING)

@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples")
 
 
+class NoStepUpdated(RuntimeError):
+    """Every training step was skipped (the loss scaler found inf/NaN each time): the weights are
+    the initial ones. Raised after summary.json is written (``all_steps_skipped: true``)."""
+
+    exit_status = 3
+
+
 class ConfigError(ValueError):
     """A config value is unusable; the message starts with the key."""
 
@@ -247,6 +254,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         # a resumed run's wall time includes the segments before the resume (checkpoint "wall_time")
         "wall_time_s": trainer.wall_before_resume + time.time() - t0,
         "wall_time_before_resume_s": trainer.wall_before_resume, "skipped_steps": amp.skipped_steps,
+        "all_steps_skipped": trainer.step > 0 and amp.skipped_steps >= trainer.step,
         "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
         "guard_events": trainer.guard.events[-100:], "guard_event_count": len(trainer.guard.events),
         "paddle_version": paddle.__version__, "git_revision": git_revision(),
@@ -267,6 +275,13 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         value = summary["primary_metric"]["value"]
         shown = f"{primary} {value:.4f}" if value is not None else "not evaluated (trainer.final_eval=false)"
         announce(f"{shown} after {trainer.step} steps ({summary['effective_precision']}){folder}")
+    if summary["all_steps_skipped"]:
+        raise NoStepUpdated(
+            f"every one of the {trainer.step} steps was skipped (inf/NaN gradients at each step, "
+            f"loss scale now {amp.loss_scale:g}): the weights were never updated and the metric is "
+            f"the initial weights'; summary.json says all_steps_skipped: true. Use the model's "
+            f"recipe (recipe/<model>/<amp>.yaml), a lower amp.init_loss_scaling, or run "
+            f"tools/amp_doctor.py to find the op that overflows")
     if not summary["ranks_in_sync"]:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
     return summary

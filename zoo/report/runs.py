@@ -180,6 +180,8 @@ def set_aside_reason(run: Run) -> str | None:
     status = s.get("status", "completed")
     if status != "completed":
         return f"status '{status}', not completed"
+    if s.get("all_steps_skipped"):
+        return f"every one of its {s.get('steps')} steps was skipped: the weights never changed"
     requested, effective = str(s["requested_precision"]), str(s["effective_precision"])
     if requested != "fp32" and effective == "fp32":
         # Paddle silently runs FP32 where AMP is unsupported: such a run says nothing about AMP.
