@@ -123,6 +123,40 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "last.pdckpt").is_file()
 
 
+def _train_args(tmp_path, *extra):
+    return ["tools/train.py", "model=db_det_tiny", "data=icdar2015", f"data.root={tmp_path / 'data'}",
+            "data.builder.train_label=train.txt", "data.builder.val_label=val.txt", "model.batch_size=2",
+            "model.eval_batch_size=2", "data.builder.crop_size=64", "data.builder.eval_size=[64,96]",
+            "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", *extra]
+
+
+def _one_error_line(out) -> str:
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    return errors[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["missing", "truncated"])
+def test_bad_image_met_by_the_check_before_training_is_one_error_line(tmp_path, case):
+    """The default check (verify_images=true) meets a missing or truncated image at line 6 of the
+    label file: one ``error:`` line naming file and line, exit 2, no traceback (it was an OSError
+    the tools did not count as bad input: a traceback and exit 1), and no empty run folder left."""
+    from conftest import ROOT, run_tool
+
+    _text_root(tmp_path / "data")
+    bad = "img/missing.jpg" if case == "missing" else "img/cut.jpg"
+    lines = [f"img/good.jpg\t{GOOD}"] * 5 + [f"{bad}\t{GOOD}"]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
+    out = run_tool(_train_args(tmp_path, "trainer.max_steps=2"), ROOT, timeout=100)
+    error = _one_error_line(out)
+    reason = "image file not found" if case == "missing" else "JPEG file is truncated"
+    assert error.startswith(f"error: {tmp_path / 'data' / 'train.txt'}:6: image is missing or cannot be "
+                            f"decoded: ") and reason in error and bad in error, error
+    assert not (tmp_path / "run").exists()  # nothing trained: the start-up folder is removed
+
+
 @pytest.mark.timeout(90)
 def test_loader_workers_die_with_a_killed_run(tmp_path):
     """kill -9 of the training process must not leave its loader workers running."""

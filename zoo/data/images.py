@@ -12,7 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-__all__ = ["ImageDecodeError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb", "truncation_problem",
+__all__ = ["ImageDecodeError", "ImageFileError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb", "truncation_problem",
            "verify_image_file"]
 
 _JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
@@ -23,6 +23,16 @@ _EXIF_TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height when 
 
 class ImageDecodeError(ValueError):
     """An image file exists but cannot be decoded (or is cut short)."""
+
+
+class ImageFileError(OSError, ValueError):
+    """An image that a label file or annotation lists is missing, cut short or undecodable; the
+    message names the label line (or annotation) and the file.
+
+    It is bad input, not a fault of the machine: the tools print it as one ``error:`` line and exit
+    2 (tools/_entry.py). It is an OSError, as such file problems were raised before, and a
+    ValueError, as every other bad-data error is (the same pairing as ``io.UnsupportedOperation``).
+    """
 
 
 def truncation_problem(head: bytes, tail: bytes) -> str | None:
