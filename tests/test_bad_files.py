@@ -43,6 +43,27 @@ def test_truncated_jpeg_decodes_in_opencv_but_is_refused(tmp_path):
         verify_image_file(tmp_path / "ok.jpg", expected_hw=(64, 90))
 
 
+@pytest.mark.parametrize("hw", [(1, 1), (7, 20), (20, 7)])
+def test_reduced_decode_of_an_image_under_8_px_a_side_falls_back_to_a_full_one(tmp_path, hw):
+    """OpenCV shrinks a non-JPEG after decoding it in full, and its resize asserts on a side below
+    the reduction: ``(-215:Assertion failed) inv_scale_x > 0``. The checks decode such images in full."""
+    from zoo.data.images import decode_image
+
+    path = tmp_path / "small.png"
+    cv2.imwrite(str(path), np.full(hw + (3,), 90, np.uint8))
+    with pytest.raises(cv2.error, match="inv_scale_x > 0"):  # the trap, if OpenCV ever changes
+        cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8)
+    verify_image_file(path, decode=True)
+    data = path.read_bytes()
+    assert decode_image(data, path, cv2.IMREAD_REDUCED_COLOR_8).shape == hw + (3,)
+    # at 1/2 a 7 px side still shrinks (to 3: OpenCV floors for PNG) and a 1 px one decodes in full
+    assert decode_image(data, path, cv2.IMREAD_REDUCED_COLOR_2).shape[:2] in (hw, (hw[0] // 2, hw[1] // 2))
+    corrupt = tmp_path / "corrupt.png"
+    corrupt.write_bytes(data[:8] + b"\0" * 40 + data[-12:])  # signature and IEND, no image inside
+    with pytest.raises(ImageDecodeError, match="corrupt.png"):
+        verify_image_file(corrupt, decode=True)
+
+
 def test_truncated_jpeg_in_label_file_fails_or_is_skipped_before_training(tmp_path):
     _text_root(tmp_path)
     data = TextDetData(tmp_path, "train.txt", "val.txt", crop_size=32, eval_size=(64, 96), max_polys=4)
