@@ -178,6 +178,31 @@ def test_bad_image_met_by_the_check_before_training_is_one_error_line(tmp_path, 
     assert not (tmp_path / "run").exists()  # nothing trained: the start-up folder is removed
 
 
+@pytest.mark.timeout(150)
+def test_bad_image_met_by_the_final_evaluation_keeps_the_trained_steps(tmp_path):
+    """A validation image that fails in the evaluation after the last step: the documented line
+    (exit 2) with the checkpoint of that step, which resumes once the file is fixed (before, the
+    steps were lost: no checkpoint had been written yet)."""
+    import json
+
+    from conftest import ROOT, run_tool
+
+    _text_root(tmp_path / "data")
+    (tmp_path / "data" / "train.txt").write_text(f"img/good.jpg\t{GOOD}\n" * 8)  # val.txt:4 is cut.jpg
+    args = _train_args(tmp_path, "data.builder.verify_images=false", "trainer.max_steps=3",
+                       "trainer.eval_precision=train", "trainer.bootstrap_resamples=0")
+    error = _one_error_line(run_tool(args, ROOT, timeout=100))
+    assert error.startswith("error: data loading failed: ") and f"{tmp_path / 'data' / 'val.txt'}:4" in error
+    assert "truncated" in error and "(sample key 3)" in error
+    assert error.endswith(f"checkpoint of step 3 saved to {tmp_path / 'run' / 'checkpoints' / 'last.pdckpt'}, "
+                          "resume with trainer.resume=auto once the file is fixed")
+    _jpeg(tmp_path / "data" / "img" / "cut.jpg")  # fixed
+    out = run_tool([*args, "trainer.resume=auto"], ROOT, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from"].endswith("last.pdckpt")
+
+
 @pytest.mark.timeout(90)
 def test_loader_workers_die_with_a_killed_run(tmp_path):
     """kill -9 of the training process must not leave its loader workers running."""
