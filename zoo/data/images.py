@@ -12,8 +12,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-__all__ = ["ImageDecodeError", "ImageFileError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb", "truncation_problem",
-           "verify_image_file"]
+__all__ = ["ImageDecodeError", "ImageFileError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb",
+           "truncation_problem", "verify_image_file"]
 
 _JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
 _PNG_SIG, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
@@ -62,9 +62,10 @@ def decode_image(data: bytes, path: str | os.PathLike, flags: int = cv2.IMREAD_C
 
 
 # Full-size flag of each reduced decode flag.
-_FULL_FLAG = {cv2.IMREAD_REDUCED_COLOR_2: cv2.IMREAD_COLOR, cv2.IMREAD_REDUCED_COLOR_4: cv2.IMREAD_COLOR,
-              cv2.IMREAD_REDUCED_COLOR_8: cv2.IMREAD_COLOR, cv2.IMREAD_REDUCED_GRAYSCALE_2: cv2.IMREAD_GRAYSCALE,
-              cv2.IMREAD_REDUCED_GRAYSCALE_4: cv2.IMREAD_GRAYSCALE, cv2.IMREAD_REDUCED_GRAYSCALE_8: cv2.IMREAD_GRAYSCALE}
+_FULL_FLAG = {**dict.fromkeys((cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_COLOR_4, cv2.IMREAD_REDUCED_COLOR_8),
+                             cv2.IMREAD_COLOR),
+              **dict.fromkeys((cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSCALE_4,
+                               cv2.IMREAD_REDUCED_GRAYSCALE_8), cv2.IMREAD_GRAYSCALE)}
 
 
 def _decoded(decode, flags: int, path) -> np.ndarray | None:
@@ -110,8 +111,9 @@ def verify_image_file(path: str | os.PathLike, expected_hw: tuple[int, int] | No
     """Check that ``path`` exists, is complete and (optionally) has size ``expected_hw`` (h, w).
 
     ``decode=True`` also decodes a reduced (1/8) image, which reads the whole file and catches
-    corrupt data inside it (an image under 8 px a side, which only JPEG can reduce, in full); otherwise only the header and the last bytes are read (cheap enough
-    for COCO's 118k images). Raises FileNotFoundError or :class:`ImageDecodeError` naming the file.
+    corrupt data inside it (a non-JPEG under 8 px a side is decoded in full, see :func:`_decoded`);
+    otherwise only the header and the last bytes are read (cheap enough for COCO's 118k images).
+    Raises FileNotFoundError or :class:`ImageDecodeError` naming the file.
     """
     path = Path(path)
     if not path.is_file():

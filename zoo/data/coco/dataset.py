@@ -180,10 +180,11 @@ def _fit_box(ann: dict, img: dict, where: str, seen: dict):
     """
     x, y, w, h = (float(v) for v in ann["bbox"])
     shown = _fmt(ann["bbox"])
-    first = seen.setdefault((ann["category_id"], x, y, w, h), ann["id"])
-    if first != ann["id"]:  # the same object twice would count twice in the loss and in mAP's recall
+    key = (ann["category_id"], x, y, w, h)
+    if key in seen:  # the same object twice would count twice in the loss and in mAP's recall
         return "duplicate", None, (f"{where}: the same image_id, category_id and bbox {shown} as annotation "
-                                   f"id={first}; dropped (the first is kept)")
+                                   f"id={seen[key]}; dropped (the first is kept)")
+    seen[key] = ann["id"]
     if w < _EPS or h < _EPS:
         return "degenerate", None, f"{where}: bbox {shown} has zero width or height; dropped"
     width, height = float(img["width"]), float(img["height"])

@@ -26,7 +26,14 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.data.images import ImageDecodeError, ImageFileError, image_size, read_image_bgr, read_image_rgb, verify_image_file
+from zoo.data.images import (
+    ImageDecodeError,
+    ImageFileError,
+    image_size,
+    read_image_bgr,
+    read_image_rgb,
+    verify_image_file,
+)
 from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
 from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
 
