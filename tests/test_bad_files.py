@@ -43,6 +43,27 @@ def test_truncated_jpeg_decodes_in_opencv_but_is_refused(tmp_path):
         verify_image_file(tmp_path / "ok.jpg", expected_hw=(64, 90))
 
 
+@pytest.mark.parametrize("hw", [(1, 1), (7, 20), (20, 7)])
+def test_reduced_decode_of_an_image_under_8_px_a_side_falls_back_to_a_full_one(tmp_path, hw):
+    """OpenCV shrinks a non-JPEG after decoding it in full, and its resize asserts on a side below
+    the reduction: ``(-215:Assertion failed) inv_scale_x > 0``. The checks decode such images in full."""
+    from zoo.data.images import decode_image
+
+    path = tmp_path / "small.png"
+    cv2.imwrite(str(path), np.full(hw + (3,), 90, np.uint8))
+    with pytest.raises(cv2.error, match="inv_scale_x > 0"):  # the trap, if OpenCV ever changes
+        cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8)
+    verify_image_file(path, decode=True)
+    data = path.read_bytes()
+    assert decode_image(data, path, cv2.IMREAD_REDUCED_COLOR_8).shape == hw + (3,)
+    # at 1/2 a 7 px side still shrinks (to 3: OpenCV floors for PNG) and a 1 px one decodes in full
+    assert decode_image(data, path, cv2.IMREAD_REDUCED_COLOR_2).shape[:2] in (hw, (hw[0] // 2, hw[1] // 2))
+    corrupt = tmp_path / "corrupt.png"
+    corrupt.write_bytes(data[:8] + b"\0" * 40 + data[-12:])  # signature and IEND, no image inside
+    with pytest.raises(ImageDecodeError, match="corrupt.png"):
+        verify_image_file(corrupt, decode=True)
+
+
 def test_truncated_jpeg_in_label_file_fails_or_is_skipped_before_training(tmp_path):
     _text_root(tmp_path)
     data = TextDetData(tmp_path, "train.txt", "val.txt", crop_size=32, eval_size=(64, 96), max_polys=4)
@@ -121,6 +142,65 @@ def test_issue_repro_ends_with_one_error_line_naming_the_file(tmp_path):
     # The steps done before the bad sample are kept, with the way to continue once it is fixed.
     assert "resume with trainer.resume=auto once the file is fixed" in errors[0]
     assert (tmp_path / "run" / "checkpoints" / "last.pdckpt").is_file()
+
+
+def _train_args(tmp_path, *extra):
+    return ["tools/train.py", "model=db_det_tiny", "data=icdar2015", f"data.root={tmp_path / 'data'}",
+            "data.builder.train_label=train.txt", "data.builder.val_label=val.txt", "model.batch_size=2",
+            "model.eval_batch_size=2", "data.builder.crop_size=64", "data.builder.eval_size=[64,96]",
+            "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", *extra]
+
+
+def _one_error_line(out) -> str:
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    return errors[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["missing", "truncated"])
+def test_bad_image_met_by_the_check_before_training_is_one_error_line(tmp_path, case):
+    """The default check (verify_images=true) meets a missing or truncated image at line 6 of the
+    label file: one ``error:`` line naming file and line, exit 2, no traceback (it was an OSError
+    the tools did not count as bad input: a traceback and exit 1), and no empty run folder left."""
+    from conftest import ROOT, run_tool
+
+    _text_root(tmp_path / "data")
+    bad = "img/missing.jpg" if case == "missing" else "img/cut.jpg"
+    lines = [f"img/good.jpg\t{GOOD}"] * 5 + [f"{bad}\t{GOOD}"]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
+    out = run_tool(_train_args(tmp_path, "trainer.max_steps=2"), ROOT, timeout=100)
+    error = _one_error_line(out)
+    reason = "image file not found" if case == "missing" else "JPEG file is truncated"
+    assert error.startswith(f"error: {tmp_path / 'data' / 'train.txt'}:6: image is missing or cannot be "
+                            f"decoded: ") and reason in error and bad in error, error
+    assert not (tmp_path / "run").exists()  # nothing trained: the start-up folder is removed
+
+
+@pytest.mark.timeout(150)
+def test_bad_image_met_by_the_final_evaluation_keeps_the_trained_steps(tmp_path):
+    """A validation image that fails in the evaluation after the last step: the documented line
+    (exit 2) with the checkpoint of that step, which resumes once the file is fixed (before, the
+    steps were lost: no checkpoint had been written yet)."""
+    import json
+
+    from conftest import ROOT, run_tool
+
+    _text_root(tmp_path / "data")
+    (tmp_path / "data" / "train.txt").write_text(f"img/good.jpg\t{GOOD}\n" * 8)  # val.txt:4 is cut.jpg
+    args = _train_args(tmp_path, "data.builder.verify_images=false", "trainer.max_steps=3",
+                       "trainer.eval_precision=train", "trainer.bootstrap_resamples=0")
+    error = _one_error_line(run_tool(args, ROOT, timeout=100))
+    assert error.startswith("error: data loading failed: ") and f"{tmp_path / 'data' / 'val.txt'}:4" in error
+    assert "truncated" in error and "(sample key 3)" in error
+    assert error.endswith(f"checkpoint of step 3 saved to {tmp_path / 'run' / 'checkpoints' / 'last.pdckpt'}, "
+                          "resume with trainer.resume=auto once the file is fixed")
+    _jpeg(tmp_path / "data" / "img" / "cut.jpg")  # fixed
+    out = run_tool([*args, "trainer.resume=auto"], ROOT, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from"].endswith("last.pdckpt")
 
 
 @pytest.mark.timeout(90)

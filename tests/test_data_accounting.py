@@ -44,7 +44,7 @@ def test_clip_rule_without_verification_matches():
     assert n == 1 and out[0, 1, 0] == 95.5 and not ignore[0]
 
 
-def test_coco_clipped_and_degenerate_boxes_name_their_ids(tmp_path, caplog):
+def test_coco_clipped_and_outside_boxes_name_their_ids(tmp_path, caplog):
     from test_bad_files import _jpeg
 
     _jpeg(tmp_path / "img" / "a.jpg")  # 96 x 64
@@ -55,14 +55,98 @@ def test_coco_clipped_and_degenerate_boxes_name_their_ids(tmp_path, caplog):
                            {"id": 13, "image_id": 1, "category_id": 1, "bbox": [200, 1, 30, 10]}]
     ann.write_text(json.dumps(data))
     inst = load_coco_instances(ann, tmp_path / "img")
-    assert inst.clipped_ids == [12] and inst.degenerate_ids == [13]
+    assert inst.clipped_ids == [12] and inst.outside_ids == [13] and inst.degenerate_ids == []
     root = COCODetData(tmp_path, train_ann="annotations/ann.json", val_ann="annotations/ann.json",
                        train_images="img", val_images="img", image_size=32, eval_size=32, multiscale=None)
     with caplog.at_level("WARNING"):
         root.build("train", 0)
-    assert "annotation ids 13" in caplog.text and "clipped 1 boxes" in caplog.text and "ids 12" in caplog.text
+    assert "dropped 1 boxes lying outside their image (annotation ids 13)" in caplog.text
+    assert "clipped 1 boxes" in caplog.text and "ids 12" in caplog.text
     report = root.data_report()["train"]
-    assert report["degenerate_ids"] == [13] and report["clipped_boxes"] == 1
+    assert report["outside_ids"] == [13] and report["clipped_boxes"] == 1 and report["degenerate_boxes"] == 0
+
+
+# Image 1 is 96 x 64 (w x h), image 2 the same size.
+FIT_CASES = [
+    (21, 1, [10, 10, 20, 20], None),                   # inside: kept as it is
+    (22, 1, [80, -5, 30, 20], "clipped"),              # past the right and top edges
+    (23, 1, [100, 10, 20, 20], "outside"),             # wholly right of the image
+    (24, 1, [-30, 10, 20, 20], "outside"),             # wholly left of it
+    (25, 1, [96, 10, 20, 20], "outside"),              # touching the right edge from outside: nothing inside
+    (26, 1, [95.999999, 10, 20, 20], "outside"),       # under 1e-5 px inside
+    (27, 1, [5, 5, 0, 10], "degenerate"),              # zero width in the file
+    (28, 1, [10, 10, 20, 20], "duplicate"),            # id 21 again: dropped, 21 kept
+    (29, 1, [10, 10, 20, 20], "duplicate"),            # and again
+    (30, 2, [10, 10, 20, 20], None),                   # the same box in another image is another object
+    (31, 1, [80, -5, 30, 20], "duplicate"),            # a repeat of a clipped box
+]
+
+
+def _fit_root(tmp_path, cats=({"id": 1, "name": "a"}, {"id": 2, "name": "b"})):
+    from test_bad_files import _jpeg
+
+    _jpeg(tmp_path / "img" / "a.jpg")
+    _jpeg(tmp_path / "img" / "b.jpg")
+    ann = _coco(tmp_path, {1: "a.jpg", 2: "b.jpg"}, {1: (64, 96), 2: (64, 96)})
+    data = json.loads(ann.read_text())
+    data["categories"] = list(cats)
+    data["annotations"] = [{"id": i, "image_id": im, "category_id": 1, "bbox": box} for i, im, box, _ in FIT_CASES]
+    data["annotations"].append({"id": 32, "image_id": 1, "category_id": 2, "bbox": [10, 10, 20, 20]})  # other class
+    ann.write_text(json.dumps(data))
+    return ann
+
+
+def test_coco_boxes_that_do_not_fit_are_clipped_or_dropped_by_kind_and_named(tmp_path):
+    """Upstream (ppdet/data/source/coco.py) keeps these boxes as they are, logging only the ones of no
+    area; here each kind has its rule, its count and its annotation ids, and a message naming it."""
+    ann = _fit_root(tmp_path)
+    inst = load_coco_instances(ann, tmp_path / "img", keep_gt=True)
+    expect = {kind: [i for i, _, _, k in FIT_CASES if k == kind] for kind in ("clipped", "outside", "degenerate",
+                                                                           "duplicate")}
+    assert (inst.clipped_ids, inst.outside_ids, inst.degenerate_ids, inst.duplicate_ids) == \
+        (expect["clipped"], expect["outside"], expect["degenerate"], expect["duplicate"])
+    assert inst.num_degenerate == 1
+    first, second = inst.records
+    np.testing.assert_array_equal(first["boxes"], np.float32([[10, 10, 30, 30], [80, 0, 96, 15], [10, 10, 30, 30]]))
+    assert first["labels"].tolist() == [0, 0, 1] and second["boxes"].tolist() == [[10, 10, 30, 30]]
+    assert len(inst.notes) == 9 and all(f"annotation id={i} " in n for i, n in
+                                        zip([22, 23, 24, 25, 26, 27, 28, 29, 31], inst.notes))
+    by_id = {int(n.split("annotation id=")[1].split()[0]): n for n in inst.notes}
+    assert by_id[22].endswith("bbox [80, -5, 30, 20] reaches outside the 96x64 (w x h) image; clipped to "
+                              "[80, 0, 16, 15]")
+    assert by_id[23].endswith("bbox [100, 10, 20, 20] lies outside the 96x64 (w x h) image (under 1e-5 px of it "
+                              "inside); dropped")
+    assert "zero width or height; dropped" in by_id[27]
+    assert by_id[29].endswith("the same image_id, category_id and bbox [10, 10, 20, 20] as annotation id=21; "
+                              "dropped (the first is kept)")
+    # evaluation's ground truth: the same boxes, the clipped one clipped
+    gt = {a["id"]: a["bbox"] for a in inst.gt["annotations"]}
+    assert sorted(gt) == [21, 22, 30, 32] and gt[22] == [80, 0, 16, 15] and gt[21] == [10, 10, 20, 20]
+
+
+def test_coco_fit_rule_is_reported_in_summary_and_data_problems(tmp_path, ampzoo_home):
+    from conftest import compose
+
+    from zoo.engine.run import train
+
+    _fit_root(tmp_path / "d")
+    (tmp_path / "d" / "annotations" / "ann.json").rename(tmp_path / "d" / "annotations" / "instances.json")
+    cfg = compose(["model=ppyoloe_tiny", "data=coco", f"data.root={tmp_path / 'd'}", "data.num_classes=2",
+                   "data.builder.train_ann=annotations/instances.json", "data.builder.val_ann=annotations/instances.json",
+                   "data.builder.train_images=img", "data.builder.val_images=img", "data.builder.image_size=64",
+                   "data.builder.eval_size=64", "data.builder.multiscale=null", "model.batch_size=2",
+                   "model.eval_batch_size=2", "trainer.max_steps=1", "trainer.progress=false", "sched.warmup_steps=0",
+                   "trainer.eval_precision=train", "trainer.bootstrap_resamples=0", "trainer.draw_samples=0"])
+    summary = train(cfg, tmp_path / "run")
+    for split in ("train", "val"):
+        report = summary["data_report"][split]
+        assert (report["clipped_boxes"], report["outside_boxes"], report["degenerate_boxes"],
+                report["duplicate_boxes"]) == (1, 4, 1, 3)
+        assert report["duplicate_ids"] == [28, 29, 31] and "notes" not in report and report["skipped"] == 0
+    listed = (tmp_path / "run" / "data_problems.txt").read_text().splitlines()
+    assert len(listed) == 18 and all(line.startswith(("train: ", "val: ")) for line in listed)
+    assert [line.split("annotation id=")[1].split()[0] for line in listed[:9]] == \
+        ["22", "23", "24", "25", "26", "27", "28", "29", "31"]
 
 
 def test_skipped_samples_all_listed_and_counted_in_summary(tmp_path, ampzoo_home):

@@ -61,3 +61,39 @@ def test_skip_policy_counts_and_trains_through_the_epoch(tmp_path):
 def test_bad_policy_value_is_named(tmp_path):
     with pytest.raises(ValueError, match="data.builder.bad_samples"):
         TextDetData(tmp_path, bad_samples="ignore")
+
+
+@pytest.mark.parametrize("verify", [True, "decode", False])
+def test_a_1x1_png_is_an_image_and_trains_as_paddleocr_takes_it(tmp_path, verify):
+    """A 1x1 PNG is a valid image. PaddleOCR decodes it and trains on it (its SimpleDataSet never
+    stops for a sample: one that fails is logged and replaced by a random other), so it is accepted:
+    the reduced (1/8) decode of ``verify_images=decode`` falls back to a full one (OpenCV's resize
+    asserted ``inv_scale_x > 0`` on it), its text is clipped to the image and counted, left with no
+    area it becomes don't-care, and the DB transforms make an all-background item of it."""
+    (tmp_path / "img").mkdir()
+    cv2.imwrite(str(tmp_path / "img" / "good.png"), np.full((64, 96, 3), 128, np.uint8))
+    cv2.imwrite(str(tmp_path / "img" / "dot.png"), np.full((1, 1, 3), 200, np.uint8))
+    lines = [f"img/good.png\t{GOOD}", f"img/good.png\t{GOOD}", f"img/dot.png\t{GOOD}", "img/dot.png\t[]"]
+    for name in ("train.txt", "val.txt"):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    data = TextDetData(tmp_path, "train.txt", "val.txt", crop_size=32, eval_size=(64, 96), max_polys=4,
+                       verify_images=verify)
+    train, val = data.build("train", 0), data.build("val", 0)
+    assert len(train) == 4 and data.skipped["train"] == []
+    if verify:  # the clipping is counted where the images are checked
+        report = data.data_report()["train"]
+        assert report["clipped_polygons"] == 1 and report["clipped_at"] == [f"{tmp_path / 'train.txt'}:3"]
+        assert report["empty_label_lists"] == 1
+        assert train.annotations(2)[1].tolist() == [True]  # nothing of the text left in the image: don't-care
+    for epoch in range(3):
+        for index in (2, 3):
+            item = train[epoch * len(train) + index]
+            assert item["image"].shape == (3, 32, 32) and np.isfinite(item["image"]).all()
+            assert item["shrink_map"].max() == 0  # no text to find in it
+    it = iter(build_loader(train, TrainBatchSampler(len(train), 2, seed=0)))
+    for _ in range(4):
+        assert next(it)["shrink_map"].shape[-1] == 32
+    item = val[2]  # upstream's DetResizeForTest pads it to 32x32 first; the ratios refer to that
+    assert item["image"].shape == (3, 64, 96) and item["shape"].tolist() == [1, 1, 2, 3]
+    assert item["ignore"][0] == 1
+    assert sum(b["image"].shape[0] for b in build_loader(val, EvalBatchSampler(len(val), 2))) == 4

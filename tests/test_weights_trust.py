@@ -118,3 +118,64 @@ def test_format_checks_accept_real_files_of_each_format(tmp_path):
     assert pins.not_weights_reason(pd, "pdparams") is None
     pd.write_bytes(b"\x80\x04 truncated pickle")
     assert "does not parse as a pdparams file" in pins.not_weights_reason(pd, "pdparams")
+
+
+def test_force_keeps_the_cached_file_when_the_new_bytes_do_not_match_the_pin(server, home):  # noqa: F811
+    """--force used to delete the cached file before downloading: a server whose bytes no longer
+    match the pin then left neither. The new bytes go to the .part side file and replace it only
+    once they verify."""
+    good, changed = payload(5_000, seed=11), payload(5_000, seed=12)
+    server.files["/f/w.pdparams"] = good
+    url = server.url("/f/w.pdparams")
+    path = hub.download(url, **FAST)
+    pin = hub.read_checksums()[url]
+    server.files["/f/w.pdparams"] = changed
+    with pytest.raises(ChecksumError) as err:
+        hub.download(url, **FAST, force=True)
+    msg = str(err.value)
+    assert f"the download was deleted; the cached {path} is kept as it was" in msg and "--retrust" in msg
+    assert hashlib.sha256(changed).hexdigest() in msg and pin["sha256"] in msg
+    assert path.read_bytes() == good and hub.read_checksums()[url] == pin
+    assert files_under(path.parent) == [path.name]  # no .part or .part.meta left beside it
+    requests = len(server.requests)
+    assert hub.download(url, **FAST) == path and len(server.requests) == requests  # still the verified copy
+    server.files["/f/w.pdparams"] = good  # the server is fixed: --force downloads and replaces it
+    assert hub.download(url, **FAST, force=True).read_bytes() == good and len(server.requests) == requests + 1
+
+
+def test_force_or_retrust_that_fails_leaves_the_cached_file_and_its_pin(server, home):  # noqa: F811
+    good = payload(5_000, seed=13)
+    server.files["/f/v.pdparams"] = good
+    url = server.url("/f/v.pdparams")
+    path = hub.download(url, **FAST)
+    pin = hub.read_checksums()[url]
+    server.status["/f/v.pdparams"] = 404
+    with pytest.raises(DownloadError, match=f"HTTP 404 .*; the cached {path} is kept as it was"):
+        hub.download(url, **FAST, force=True)
+    del server.status["/f/v.pdparams"]
+    server.files["/f/v.pdparams"] = HTML  # an error page: --retrust must not trust it nor lose the old pin
+    with pytest.raises(DownloadError, match=f"did not send a weights file.*; the cached {path} is kept as it was"):
+        hub.download(url, **FAST, retrust=True)
+    assert path.read_bytes() == good and hub.read_checksums()[url] == pin
+    published = hashlib.sha256(good).hexdigest()
+    server.files["/f/v.pdparams"] = payload(5_000, seed=14)  # a published sha256 still applies under --retrust
+    with pytest.raises(ChecksumError, match=f"published in the registry.*the cached {path} is kept as it was"):
+        hub.download(url, published, **FAST, retrust=True)
+    assert path.read_bytes() == good and hub.read_checksums()[url] == pin
+
+
+def test_force_from_the_command_line_keeps_the_cached_file(server, tmp_path):  # noqa: F811
+    server.files["/pretrained/ResNet18_vd_pretrained.pdparams"] = good = payload(4_000, seed=15)
+    env = {"AMPZOO_HOME": str(tmp_path / "h"), hub.MIRROR_ENV: server.base}
+    args = ["tools/download.py", "ResNet18_vd_pretrained", "--retries", "0", "--no-progress"]
+    first = run_tool(args, cwd=ROOT, env_extra=env)
+    assert first.returncode == 0, first.stderr
+    cached = first.stdout.strip().splitlines()[-1]
+    server.files["/pretrained/ResNet18_vd_pretrained.pdparams"] = payload(4_000, seed=16)
+    bad = run_tool([*args, "--force"], cwd=ROOT, env_extra=env)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and "Traceback" not in bad.stderr
+    assert errors[0].startswith("error: checksum mismatch") and f"the cached {cached} is kept as it was" in errors[0]
+    assert open(cached, "rb").read() == good
+    again = run_tool(args, cwd=ROOT, env_extra=env)  # and it is still served from the cache
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == cached

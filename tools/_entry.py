@@ -23,13 +23,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (config, data, checkpoints): shown as one clear line, exit status 2."""
     from zoo.amp import AmpConfigError, AmpUnsupportedError
     from zoo.amp.guard import NumericsGuardStop
-    from zoo.data import SampleLoadError
+    from zoo.data import ImageFileError, SampleLoadError
     from zoo.engine.checkpoint import CheckpointError
     from zoo.engine.run import ConfigError
     from zoo.engine.runlock import RunFolderBusy
     from zoo.models import UnknownModelError
     return (ConfigError, AmpConfigError, AmpUnsupportedError, CheckpointError, UnknownModelError,
-            NumericsGuardStop, SampleLoadError, RunFolderBusy, FileNotFoundError, ValueError)
+            NumericsGuardStop, ImageFileError, SampleLoadError, RunFolderBusy, FileNotFoundError, ValueError)
 
 
 def _message(err: BaseException) -> str:

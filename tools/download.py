@@ -17,7 +17,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("weights", nargs="*", help="registry names (see --list) or http(s) URLs")
     parser.add_argument("--list", action="store_true", help="list the registry and exit")
-    parser.add_argument("--force", action="store_true", help="download again even if cached (still verified)")
+    parser.add_argument("--force", action="store_true",
+                        help="download again even if cached (still verified; the cached file is replaced only "
+                             "once the new one verifies)")
     parser.add_argument("--retrust", action="store_true",
                         help="forget the sha256 pinned by the first download (weights/checksums.json), download "
                              "again and pin the new file (a sha256 published in the registry still applies)")

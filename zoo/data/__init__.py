@@ -11,6 +11,7 @@ and what they share: image reading and checks (:mod:`zoo.data.images`), determin
 """
 from zoo.data.classification import ClassificationData, ClassificationDataset
 from zoo.data.coco import COCODetData, COCODetDataset, load_coco_instances
+from zoo.data.images import ImageFileError
 from zoo.data.loader import SampleLoadError
 from zoo.data.sampler import EvalBatchSampler, TrainBatchSampler, build_loader
 from zoo.data.synthetic import SyntheticShapesData, SyntheticShapesDetData, SyntheticTextData
@@ -22,6 +23,7 @@ __all__ = [
     "COCODetData",
     "COCODetDataset",
     "EvalBatchSampler",
+    "ImageFileError",
     "SampleLoadError",
     "SyntheticShapesData",
     "SyntheticShapesDetData",

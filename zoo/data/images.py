@@ -12,8 +12,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-__all__ = ["ImageDecodeError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb", "truncation_problem",
-           "verify_image_file"]
+__all__ = ["ImageDecodeError", "ImageFileError", "decode_image", "image_size", "read_image_bgr", "read_image_rgb",
+           "truncation_problem", "verify_image_file"]
 
 _JPEG_SOI, _JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
 _PNG_SIG, _PNG_IEND = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
@@ -23,6 +23,16 @@ _EXIF_TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height when 
 
 class ImageDecodeError(ValueError):
     """An image file exists but cannot be decoded (or is cut short)."""
+
+
+class ImageFileError(OSError, ValueError):
+    """An image that a label file or annotation lists is missing, cut short or undecodable; the
+    message names the label line (or annotation) and the file.
+
+    It is bad input, not a fault of the machine: the tools print it as one ``error:`` line and exit
+    2 (tools/_entry.py). It is an OSError, as such file problems were raised before, and a
+    ValueError, as every other bad-data error is (the same pairing as ``io.UnsupportedOperation``).
+    """
 
 
 def truncation_problem(head: bytes, tail: bytes) -> str | None:
@@ -45,10 +55,36 @@ def decode_image(data: bytes, path: str | os.PathLike, flags: int = cv2.IMREAD_C
     problem = truncation_problem(data[:8], data[-_TAIL:]) if data else "file is empty"
     if problem:
         raise ImageDecodeError(f"cannot decode image file {path}: {problem}")
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    img = _decoded(lambda f: cv2.imdecode(np.frombuffer(data, np.uint8), f), flags, path)
     if img is None:
         raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
     return img
+
+
+# Full-size flag of each reduced decode flag.
+_FULL_FLAG = {**dict.fromkeys((cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_COLOR_4, cv2.IMREAD_REDUCED_COLOR_8),
+                             cv2.IMREAD_COLOR),
+              **dict.fromkeys((cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSCALE_4,
+                               cv2.IMREAD_REDUCED_GRAYSCALE_8), cv2.IMREAD_GRAYSCALE)}
+
+
+def _decoded(decode, flags: int, path) -> np.ndarray | None:
+    """``decode(flags)`` (cv2.imread or cv2.imdecode); None if OpenCV cannot decode the data.
+
+    Only JPEG is decoded reduced by the codec itself; other formats (PNG, ...) are decoded in full and
+    then shrunk with ``cv2.resize``, which fails an assertion (``inv_scale_x > 0``) when a side is
+    below the reduction (a 1x1 PNG at 1/8). Such an image is small anyway: it is decoded at full size
+    instead, so callers see the size differ from the reduced one they asked for.
+    """
+    try:
+        return decode(flags)
+    except cv2.error:
+        if flags not in _FULL_FLAG:
+            raise ImageDecodeError(f"cannot decode image file (OpenCV refuses its data): {path}") from None
+    try:
+        return decode(_FULL_FLAG[flags])
+    except cv2.error:
+        raise ImageDecodeError(f"cannot decode image file (OpenCV refuses its data): {path}") from None
 
 
 def image_size(path: str | os.PathLike, data: bytes | None = None) -> tuple[int, int]:
@@ -75,8 +111,9 @@ def verify_image_file(path: str | os.PathLike, expected_hw: tuple[int, int] | No
     """Check that ``path`` exists, is complete and (optionally) has size ``expected_hw`` (h, w).
 
     ``decode=True`` also decodes a reduced (1/8) image, which reads the whole file and catches
-    corrupt data inside it; otherwise only the header and the last bytes are read (cheap enough
-    for COCO's 118k images). Raises FileNotFoundError or :class:`ImageDecodeError` naming the file.
+    corrupt data inside it (a non-JPEG under 8 px a side is decoded in full, see :func:`_decoded`);
+    otherwise only the header and the last bytes are read (cheap enough for COCO's 118k images).
+    Raises FileNotFoundError or :class:`ImageDecodeError` naming the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -89,7 +126,7 @@ def verify_image_file(path: str | os.PathLike, expected_hw: tuple[int, int] | No
     problem = truncation_problem(head, tail) if size else "file is empty"
     if problem:
         raise ImageDecodeError(f"cannot decode image file {path}: {problem}")
-    if decode and cv2.imread(str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8) is None:
+    if decode and _decoded(lambda f: cv2.imread(str(path), f), cv2.IMREAD_REDUCED_GRAYSCALE_8, path) is None:
         raise ImageDecodeError(f"cannot decode image file (corrupt or unsupported format): {path}")
     if expected_hw is not None:
         hw = image_size(path)

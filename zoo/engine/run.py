@@ -114,14 +114,21 @@ def build_data(cfg: DictConfig):
     return train_set, val_set, report
 
 
+# Message lists of a data report: written to data_problems.txt, counted (not listed) in summary.json.
+# problems: samples left out as bad; notes: data accepted by a rule that changed or dropped it (COCO
+# boxes clipped to their image, or dropped as outside it, of zero size or duplicated).
+_REPORT_MESSAGES = ("problems", "notes")
+
+
 def record_data_report(report: dict | None, out_dir: Path) -> dict | None:
-    """Write every skipped-sample message to data_problems.txt; return the counts for summary.json."""
+    """Write every skipped-sample message, then every note of data fixed by a rule, to
+    data_problems.txt (``<split>: <message>`` lines); return the counts for summary.json."""
     if not report:
         return None
-    lines = [f"{split}: {msg}" for split, r in report.items() for msg in r.get("problems", [])]
+    lines = [f"{split}: {msg}" for key in _REPORT_MESSAGES for split, r in report.items() for msg in r.get(key, [])]
     if lines:
         atomic_write(out_dir / "data_problems.txt", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
-    return {split: {k: v for k, v in r.items() if k != "problems"} for split, r in report.items()}
+    return {split: {k: v for k, v in r.items() if k not in _REPORT_MESSAGES} for split, r in report.items()}
 
 
 def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: int):

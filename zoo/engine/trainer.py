@@ -175,20 +175,17 @@ class Trainer:
                 raise
             except KeyboardInterrupt:  # a second signal, or one outside the handlers' reach
                 raise self._interrupted(signal.SIGINT, saved=False) from None
-            except SampleLoadError as e:  # the steps done so far are kept: fix the file, then resume
-                if self.step and self.saved_step != self.step:
-                    self.save_checkpoint()
-                if self.saved_step is not None:
-                    raise SampleLoadError(f"{e}; checkpoint of step {self.saved_step} saved to "
-                                          f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}, resume with "
-                                          "trainer.resume=auto once the file is fixed") from None
-                raise
+            except SampleLoadError as e:
+                self._stopped_by_data(e)
             finally:
                 bar.close()
         if self.last_eval.get("step") == self.step:
             final = self.last_eval["metrics"]
         else:  # trainer.final_eval=false: no metrics (timing runs, benchmarks)
-            final = self.evaluate() if self.settings.final_eval else {}
+            try:
+                final = self.evaluate() if self.settings.final_eval else {}
+            except SampleLoadError as e:  # a bad validation image must not cost the steps just trained
+                self._stopped_by_data(e)
         self.save_checkpoint()
         if self.settings.draw_samples > 0 and self.main:
             model = dist.unwrap(self.model)
@@ -222,6 +219,19 @@ class Trainer:
                 if self.saved_step != self.step:
                     self.save_checkpoint()
                 raise self._interrupted(stop.signum, saved=True)
+
+    def _stopped_by_data(self, err: SampleLoadError):
+        """Re-raise a sample that failed to load, the steps done so far kept: fix the file, then resume.
+
+        The checkpoint is written unless it holds this step already, and the message says where it
+        is (nothing is saved before the first step)."""
+        if self.step and self.saved_step != self.step:
+            self.save_checkpoint()
+        if self.saved_step is not None:
+            raise SampleLoadError(f"{err}; checkpoint of step {self.saved_step} saved to "
+                                  f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}, resume with "
+                                  "trainer.resume=auto once the file is fixed") from None
+        raise err
 
     def _interrupted(self, signum: int, saved: bool) -> TrainingInterrupted:
         path = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST

@@ -379,9 +379,20 @@ def _verify_cached(url: str, dest: Path, sha256: str | None, fmt: str) -> bool:
     return True
 
 
-def _fetch_verified(url: str, source: str, part: Path, sha256: str | None, fmt: str, fetch) -> str:
-    """Download into ``part`` and check it; returns its sha256 (the file is deleted if it is refused)."""
-    expected = _expected_sha(url, sha256)
+def _kept_note(kept: Path | None, expected: str | None) -> str:
+    """What became of the cached file a ``force``/``retrust`` download was to replace, for messages."""
+    if kept is None:
+        return ""
+    if expected is None or sha256_file(kept) == expected:
+        return f"; the cached {kept} is kept as it was"
+    return f"; the cached {kept} is kept as it was, although it does not match either"
+
+
+def _fetch_verified(url: str, source: str, part: Path, expected: str | None, published: bool, fmt: str, fetch,
+                    kept: Path | None = None) -> str:
+    """Download into ``part`` and check it against ``expected`` (the published or pinned sha256; None:
+    it must parse as weights); returns its sha256. A refused download is deleted; ``kept`` is the
+    cached file it was to replace, left alone and named in the error."""
     resumed = part.is_file() and part.stat().st_size > 0
     fetch()
     actual = sha256_file(part)
@@ -392,14 +403,14 @@ def _fetch_verified(url: str, source: str, part: Path, sha256: str | None, fmt: 
         actual = sha256_file(part)
     if expected and actual != expected:
         _discard_part(part)
-        raise ChecksumError(_mismatch(f"{url} (downloaded from {source})", url, expected, actual, bool(sha256),
-                                      "the download was deleted"))
+        raise ChecksumError(_mismatch(f"{url} (downloaded from {source})", url, expected, actual, published,
+                                      "the download was deleted" + _kept_note(kept, expected)))
     if expected is None:
         reason = pins.not_weights_reason(part, fmt)
         if reason:
             _discard_part(part)
             raise DownloadError(f"{source} did not send a weights file: {reason}; the download was deleted "
-                                "and no checksum was recorded")
+                                f"and no checksum was recorded{_kept_note(kept, None)}")
     return actual
 
 
@@ -411,8 +422,10 @@ def download(url: str, sha256: str | None = None, *, retries: int = DEFAULT_RETR
     ``sha256`` (published; else the one pinned by the first download) must match; with neither,
     the file must parse as weights of format ``fmt`` (default: from its name) and its sha256 is
     pinned in ``checksums.json`` with its size and the server's validators. ``force`` downloads
-    again (still verified); ``retrust`` also forgets the pin first. URLs on the registry's hosts
-    go through ``$AMPZOO_WEIGHTS_MIRROR`` when it is set.
+    again (still verified); ``retrust`` also replaces the pin with the new file's (a published
+    sha256 still applies). Either way the new bytes go to the ``.part`` side file and replace the
+    cached file (and the pin) only once they verify: a refused or failed download leaves both as
+    they were. URLs on the registry's hosts go through ``$AMPZOO_WEIGHTS_MIRROR`` when it is set.
     """
     dest = cache_path(url)
     fmt = pins.format_of(dest, fmt)
@@ -420,27 +433,29 @@ def download(url: str, sha256: str | None = None, *, retries: int = DEFAULT_RETR
     part = dest.with_name(dest.name + ".part")
     with _cache_lock():
         if retrust:
+            _discard_part(part)  # the file to trust anew comes whole from the server, not from an old part
+        if not (force or retrust) and dest.is_file() and _verify_cached(url, dest, sha256, fmt):
+            return dest
+        expected = sha256 if retrust else _expected_sha(url, sha256)  # --retrust: the old pin does not apply
+        kept = dest if (force or retrust) and dest.is_file() else None
+        try:
+            actual = _fetch_verified(url, source, part, expected, bool(sha256), fmt,
+                                     lambda: _fetch(source, part, retries, backoff, timeout, progress), kept)
+        except WeightsError as e:
+            if not part.exists():
+                _prune_empty_dirs(part)
+            if kept is not None and str(kept) not in str(e):  # an HTTP or network failure: say so too
+                raise type(e)(f"{e}{_kept_note(kept, expected)}") from None
+            raise
+        meta = _read_meta(part)
+        os.replace(part, dest)  # only now is the cached file replaced
+        _meta_path(part).unlink(missing_ok=True)
+        if retrust:
             old = pins.forget(weights_dir(), url)
             if old:
                 log.warning("forgot the sha256 %s pinned for %s on %s (--retrust)", old.get("sha256"), url,
                             old.get("recorded", "first download"))
-            _discard_part(part)
-        if force or retrust:
-            dest.unlink(missing_ok=True)
-        if dest.is_file() and _verify_cached(url, dest, sha256, fmt):
-            return dest
-        try:
-            actual = _fetch_verified(url, source, part, sha256, fmt,
-                                     lambda: _fetch(source, part, retries, backoff, timeout, progress))
-        except WeightsError:
-            if not part.exists():
-                _prune_empty_dirs(part)
-            raise
-        meta = _read_meta(part)
-        pinned = _expected_sha(url, sha256) is not None
-        os.replace(part, dest)
-        _meta_path(part).unlink(missing_ok=True)
-        if not pinned:
+        if expected is None:
             pins.record(weights_dir(), url, actual, dest,
                         {"etag": meta.get("etag"), "last_modified": meta.get("last_modified")})
             log.info("pinned sha256 %s for %s in %s", actual, url, pins.checksums_path(weights_dir()))

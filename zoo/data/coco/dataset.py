@@ -3,11 +3,20 @@
 Reading follows PaddleDetection ``ppdet/data/source/coco.py`` (``COCODataSet``):
 category ids are mapped to contiguous labels in sorted-id order, crowd and
 ``ignore`` annotations are left out of training, boxes with width or height
-below 1e-5 (after clipping to the image) are skipped, and images without boxes
-are dropped from training unless ``allow_empty``.  Unlike upstream, malformed
-input is an error naming the json file, the annotation or image id and the
-key (or, with ``bad_samples="skip"``, the image is left out and counted), and
-every image is kept for evaluation.
+below 1e-5 are skipped, and images without boxes are dropped from training
+unless ``allow_empty``.  Unlike upstream, malformed input is an error naming the
+json file, the annotation or image id and the key (or, with
+``bad_samples="skip"``, the image is left out and counted), and every image is
+kept for evaluation.
+
+Boxes that are well-formed but do not fit their image are accepted by a rule,
+as the PaddleOCR labels' polygons are (:func:`load_coco_instances`): a box
+partly outside is clipped to the image, one with nothing inside it (wholly
+outside, or under 1e-5 px left after clipping) is dropped, and an exact
+duplicate (same ``image_id``, ``category_id`` and ``bbox``) is dropped, the
+first kept. Each is counted and named by its annotation id (``data_report``,
+the run folder's ``data_problems.txt``); evaluation's ground truth follows the
+same rule.
 
 Datasets are indexed by sampler keys (see :mod:`zoo.data.sampler`); train items
 draw all augmentation randomness from ``np.random.default_rng((seed, epoch, index))``.
@@ -56,6 +65,8 @@ class CocoInstances:
     "boxes": float32 [K,4] xyxy pixels, "labels": int64 [K]}``, sorted by image id.
     ``cat_ids`` sorted; label ``i`` is ``cat_ids[i]`` named ``class_names[i]``.
     ``skipped``: messages of images/annotations left out under ``bad_samples="skip"``.
+    ``notes``: messages of the boxes the fit-to-image rule clipped or dropped (see
+    :func:`load_coco_instances`) in the images read, by image id, then in file order.
     ``gt``: the COCO dict restricted to the kept images (only with ``keep_gt``).
     """
 
@@ -66,8 +77,11 @@ class CocoInstances:
     num_crowd: int = 0
     num_degenerate: int = 0
     num_empty_dropped: int = 0
-    degenerate_ids: list = field(default_factory=list)  # annotation ids of the boxes skipped as degenerate
-    clipped_ids: list = field(default_factory=list)     # annotation ids of boxes reaching outside their image
+    degenerate_ids: list = field(default_factory=list)  # annotation ids of boxes of zero width or height
+    clipped_ids: list = field(default_factory=list)     # ... of boxes partly outside their image (clipped)
+    outside_ids: list = field(default_factory=list)     # ... of boxes with nothing inside their image (dropped)
+    duplicate_ids: list = field(default_factory=list)   # ... of exact repeats of an earlier box (dropped)
+    notes: list = field(default_factory=list)           # one message per box above: what was done and why
     gt: dict | None = None
 
 
@@ -144,8 +158,46 @@ def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
             if isinstance(img, dict) and isinstance(img.get("id"), int):
                 bad.add(img["id"])  # its annotations go with it
             continue
-        images[img["id"]] = (img, where, [], [])
+        images[img["id"]] = (img, where, [], [], [])
     return images, bad
+
+
+def _fmt(values) -> str:
+    return "[" + ", ".join(f"{float(v):g}" for v in values) + "]"
+
+
+def _fit_box(ann: dict, img: dict, where: str, seen: dict):
+    """The box of ``ann`` under the fit-to-image rule: ``(kind, xyxy, message)``, ``kind`` None
+    (inside its image, kept as it is), ``"clipped"`` (partly outside: clipped, kept), or
+    ``"duplicate"``, ``"degenerate"``, ``"outside"`` (dropped: ``xyxy`` None), checked in that order.
+    ``seen`` maps the image's earlier boxes, ``(category_id, x, y, w, h)``, to their annotation ids.
+
+    PaddleDetection's ``COCODataSet`` (``ppdet/data/source/coco.py``) keeps every box with
+    ``area > 0`` and width and height above 1e-5 as it is in the file, logging the others as
+    "invalid bbox" (its 2019 version clipped to ``[0, w-1] x [0, h-1]`` first and dropped what had no
+    area left); it neither drops repeated boxes nor says which boxes reach outside. Here coordinates
+    are continuous, so boxes are clipped to ``[0, width] x [0, height]``.
+    """
+    x, y, w, h = (float(v) for v in ann["bbox"])
+    shown = _fmt(ann["bbox"])
+    key = (ann["category_id"], x, y, w, h)
+    if key in seen:  # the same object twice would count twice in the loss and in mAP's recall
+        return "duplicate", None, (f"{where}: the same image_id, category_id and bbox {shown} as annotation "
+                                   f"id={seen[key]}; dropped (the first is kept)")
+    seen[key] = ann["id"]
+    if w < _EPS or h < _EPS:
+        return "degenerate", None, f"{where}: bbox {shown} has zero width or height; dropped"
+    width, height = float(img["width"]), float(img["height"])
+    x1, y1 = min(max(x, 0.0), width), min(max(y, 0.0), height)
+    x2, y2 = min(max(x + w, 0.0), width), min(max(y + h, 0.0), height)
+    size = f"{img['width']:g}x{img['height']:g}"
+    if x2 - x1 < _EPS or y2 - y1 < _EPS:
+        return "outside", None, (f"{where}: bbox {shown} lies outside the {size} (w x h) image (under 1e-5 px "
+                                 "of it inside); dropped")
+    if (x1, y1, x2, y2) == (x, y, x + w, y + h):
+        return None, [x1, y1, x2, y2], ""
+    return "clipped", [x1, y1, x2, y2], (f"{where}: bbox {shown} reaches outside the {size} (w x h) image; "
+                                         f"clipped to {_fmt([x1, y1, x2 - x1, y2 - y1])}")
 
 
 def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_empty: bool = False,
@@ -157,6 +209,13 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
     in ``skipped``.  Images without boxes are kept only if ``allow_empty``.  ``verify_images``
     checks each kept image file is complete and has the json's width and height (header and end
     marker only, see :func:`zoo.data.images.verify_image_file`).
+
+    Well-formed boxes that do not fit their image follow a rule instead (:func:`_fit_box`): an exact
+    repeat of an earlier box of the image (same ``category_id`` and ``bbox``) is dropped
+    (``duplicate_ids``), a box of zero width or height is dropped (``degenerate_ids``), one with
+    nothing inside the image is dropped (``outside_ids``), and one partly outside is clipped to it
+    (``clipped_ids``); ``notes`` says for each which box and what was done. Evaluation's ground
+    truth (``keep_gt``) holds the same boxes, clipped ones clipped (``area`` is kept when given).
     """
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
@@ -172,6 +231,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
         out.skipped.append(msg)
 
     images, bad = _index_images(data, path, problem)
+    seen: dict[int, dict] = {}  # per image: (category_id, x, y, w, h) -> first annotation id
     anns = data.get("annotations") or []
     if not isinstance(anns, list):
         raise ValueError(f"{path}: 'annotations' must be a list")
@@ -191,7 +251,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
                 if iid not in bad:  # annotations of skipped images are dropped silently
                     problem(f"{where}: image_id {iid} has no entry in 'images'")
                 continue
-            x, y, w, h = _check_bbox(ann, where)
+            _check_bbox(ann, where)
             if ann["category_id"] not in label_of:
                 raise ValueError(f"{where}: unknown category_id {ann['category_id']!r}; known: {cat_ids}")
         except ValueError as e:
@@ -199,26 +259,23 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             if entry is not None:
                 bad.add(iid)
             continue
-        img = entry[0]
         if ann.get("iscrowd", 0) or ann.get("ignore", 0):
             out.num_crowd += 1
             entry[3].append(ann)
             continue
-        x1, y1 = min(max(x, 0.0), img["width"]), min(max(y, 0.0), img["height"])
-        x2, y2 = min(max(x + w, 0.0), img["width"]), min(max(y + h, 0.0), img["height"])
-        if x2 - x1 < _EPS or y2 - y1 < _EPS:
-            out.num_degenerate += 1
-            out.degenerate_ids.append(ann["id"])
+        kind, box, note = _fit_box(ann, entry[0], where, seen.setdefault(iid, {}))
+        if kind is not None:
+            entry[4].append((kind, ann["id"], note))
+        if box is None:
             continue
-        if (x1, y1, x2, y2) != (x, y, x + w, y + h):
-            out.clipped_ids.append(ann["id"])
-        entry[2].append(([x1, y1, x2, y2], label_of[ann["category_id"]]))
-        entry[3].append(ann)
+        entry[2].append((box, label_of[ann["category_id"]]))
+        # evaluation's ground truth: the box as trained on (a given 'area', the segment's, is kept)
+        entry[3].append(ann if kind is None else dict(ann, bbox=[box[0], box[1], box[2] - box[0], box[3] - box[1]]))
     gt_images, gt_anns = [], []
     for iid in sorted(images):
         if iid in bad:
             continue
-        img, where, boxes, kept = images[iid]
+        img, where, boxes, kept, fitted = images[iid]
         file = image_root / img["file_name"]
         if not file.is_file():
             problem(f"{where}: image file {file} not found (file_name under image root {image_root})",
@@ -230,6 +287,9 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             except (OSError, ImageDecodeError) as e:
                 problem(f"{where}: {e}")
                 continue
+        for kind, ann_id, note in fitted:  # counted for the images read, whether their boxes all went or not
+            getattr(out, f"{kind}_ids").append(ann_id)
+            out.notes.append(note)
         if not boxes and not allow_empty:
             out.num_empty_dropped += 1
             continue
@@ -241,6 +301,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             # COCOeval reads 'area' and 'iscrowd'; user-made files may lack them.
             gt_anns += [dict(a, area=a.get("area", a["bbox"][2] * a["bbox"][3]), iscrowd=int(a.get("iscrowd", 0)))
                         for a in kept]
+    out.num_degenerate = len(out.degenerate_ids)
     if keep_gt:
         out.gt = {"images": gt_images, "annotations": gt_anns, "categories": data["categories"]}
     return out
@@ -398,15 +459,16 @@ class COCODetData:
             if inst.skipped:
                 log.warning("data: skipped %d problems in %s (data.builder.bad_samples=skip); first: %s",
                             len(inst.skipped), ann, "; ".join(inst.skipped[:3]))
-            if inst.num_degenerate:
-                log.warning("data: %s: skipped %d boxes of zero width or height after clipping to their image "
-                            "(annotation ids %s)", ann, inst.num_degenerate, _ids(inst.degenerate_ids))
-            if inst.clipped_ids:
-                log.warning("data: %s: clipped %d boxes reaching outside their image (annotation ids %s)", ann,
-                            len(inst.clipped_ids), _ids(inst.clipped_ids))
-            if inst.skipped:
-                log.warning("data: all %d problems of %s are listed in the run folder's data_problems.txt",
-                            len(inst.skipped), ann)
+            for ids, what in ((inst.clipped_ids, "clipped %d boxes reaching outside their image"),
+                              (inst.outside_ids, "dropped %d boxes lying outside their image"),
+                              (inst.degenerate_ids, "dropped %d boxes of zero width or height"),
+                              (inst.duplicate_ids, "dropped %d duplicate boxes (same image, category and bbox "
+                                                   "as an earlier one, which is kept)")):
+                if ids:
+                    log.warning(f"data: %s: {what} (annotation ids %s)", ann, len(ids), _ids(ids))
+            if inst.skipped or inst.notes:
+                log.warning("data: all %d problems and %d boxes clipped or dropped of %s are listed in the run "
+                            "folder's data_problems.txt", len(inst.skipped), len(inst.notes), ann)
             if not inst.records:
                 raise ValueError(f"{ann}: no usable images ({len(inst.skipped)} skipped, "
                                  f"{inst.num_empty_dropped} without boxes; allow_empty={self.allow_empty})")
@@ -422,12 +484,18 @@ class COCODetData:
         return self._loaded[split]
 
     def data_report(self) -> dict:
-        """Per split: images, skipped problems (all messages), crowd, degenerate and clipped boxes."""
-        return {split: {"samples": len(inst.records), "skipped": len(inst.skipped), "problems": list(inst.skipped),
-                        "crowd_boxes": inst.num_crowd, "degenerate_boxes": inst.num_degenerate,
-                        "degenerate_ids": inst.degenerate_ids[:100], "clipped_boxes": len(inst.clipped_ids),
-                        "clipped_ids": inst.clipped_ids[:100], "empty_images_dropped": inst.num_empty_dropped}
-                for split, inst in self._loaded.items()}
+        """Per split: images, skipped problems (all messages), crowd boxes, and the boxes the fit-to-image
+        rule clipped or dropped: counts, the first 100 annotation ids of each kind, and all their
+        messages (``notes``, which go to data_problems.txt with the problems)."""
+        report = {}
+        for split, inst in self._loaded.items():
+            r = {"samples": len(inst.records), "skipped": len(inst.skipped), "problems": list(inst.skipped),
+                 "crowd_boxes": inst.num_crowd}
+            for kind in ("clipped", "outside", "degenerate", "duplicate"):
+                ids = getattr(inst, f"{kind}_ids")
+                r[f"{kind}_boxes"], r[f"{kind}_ids"] = len(ids), ids[:100]
+            report[split] = dict(r, empty_images_dropped=inst.num_empty_dropped, notes=list(inst.notes))
+        return report
 
     def build(self, split: str, seed: int) -> COCODetDataset:
         """Build the dataset for ``split`` ("train" or "val"); ``seed`` drives augmentation."""

@@ -26,7 +26,14 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.data.images import ImageDecodeError, image_size, read_image_bgr, read_image_rgb, verify_image_file
+from zoo.data.images import (
+    ImageDecodeError,
+    ImageFileError,
+    image_size,
+    read_image_bgr,
+    read_image_rgb,
+    verify_image_file,
+)
 from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
 from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
 
@@ -97,7 +104,7 @@ def _verify_image(path: Path, where: str, decode: bool = False) -> None:
     try:
         verify_image_file(path, decode=decode)
     except (OSError, ImageDecodeError) as e:
-        raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
+        raise ImageFileError(f"{where}: image is missing or cannot be decoded: {e}") from None
 
 
 def clip_polys_to_image(polys: np.ndarray, ignore: np.ndarray, h: int, w: int):
@@ -130,7 +137,7 @@ def _check_geometry(sample, image: Path, where: str, stats: dict):
     try:
         h, w = image_size(image)
     except ImageDecodeError as e:  # as _verify_image words it, with the label line
-        raise OSError(f"{where}: image is missing or cannot be decoded: {e}") from None
+        raise ImageFileError(f"{where}: image is missing or cannot be decoded: {e}") from None
     polys, ignore, clipped = clip_polys_to_image(polys, ignore, h, w)
     if clipped:
         stats["clipped_polygons"] = stats.get("clipped_polygons", 0) + clipped
