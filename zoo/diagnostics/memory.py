@@ -140,8 +140,8 @@ class Tally:
 class SavedTensors:
     """Probe observer: the tensors backward would keep, at the dtype the emulation's rule gives."""
 
-    def __init__(self, model, low_bytes: int):
-        self.low_bytes = low_bytes
+    def __init__(self, model, low_bytes: int, rule: emu.Emulation | None = None):
+        self.low_bytes, self.rule = low_bytes, rule
         self.params = {id(p): p for p in model.parameters()}
         self.seen: dict[tuple[int, int], int] = {}   # (tensor uid, bytes per entry) -> bytes
         self.weight_casts = 0                          # of which: parameters cast to another dtype
@@ -176,6 +176,10 @@ class SavedTensors:
         if not floats:
             return
         low = emu.is_low(floats[0])
+        if rec.op == "linear" and self.rule is not None:
+            # the emulation computes linear as matmul then add, each under the rule: its output is
+            # fp32 at O1 (the fp32 bias promotes the add) while x and w enter the matmul low
+            low = low or self.rule.mode("matmul") == "white"
         for t in floats:
             size = int(t.size) * self._entry_bytes(t, None)
             if size > self.largest[0]:
@@ -284,7 +288,7 @@ def trace(model, task, batch, amp) -> dict:
         autocast, low = rule, _low_bytes(amp.dtype)
     else:  # fp32: nothing is low; the probe still asks a rule for each op's mode
         rule, autocast, low = emu.Emulation("O1", "float16"), contextlib.nullcontext, 4
-    saved = SavedTensors(model, low)
+    saved = SavedTensors(model, low, rule if amp.enabled else None)
     with Probe(model, rule, amp.dtype if amp.enabled else "float16", observer=saved, numerics=False) as probe:
         with autocast(), probe.forward():
             losses = task.losses(model, batch)
@@ -359,15 +363,19 @@ def breakdown(p: dict, batch: int) -> dict:
 
 
 def largest_batch(p: dict, limit_bytes: float) -> int:
-    """The largest batch whose predicted peak stays within ``limit_bytes`` (0: not even batch 1)."""
-    fixed = breakdown(p, 0)["peak"]
-    slope = breakdown(p, 1)["peak"] - fixed
-    if slope <= 0:
+    """The largest batch whose predicted peak stays within ``limit_bytes`` (0: not even batch 1).
+    The peak grows with the batch (the rows are lines, rounded up per tensor): bisect."""
+    if breakdown(p, 1)["peak"] > limit_bytes:
         return 0
-    n = int(math.floor((limit_bytes - fixed) / slope))
-    while n >= 1 and breakdown(p, n)["peak"] > limit_bytes:   # the rounding term is not linear
-        n -= 1
-    return max(0, n)
+    lo, hi = 1, 2
+    while breakdown(p, hi)["peak"] <= limit_bytes:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 24:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if breakdown(p, mid)["peak"] <= limit_bytes else (lo, mid)
+    return lo
 
 
 def parse_card(text: str | None) -> tuple[str, float]:
