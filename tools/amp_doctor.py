@@ -15,7 +15,8 @@ OK, 1 when it is risky or will fail, 2 for bad input. See zoo/diagnostics/doctor
 bf16_O1, bf16_O2, each with its recipe) and the largest batch that fits --gpu-memory (an amount,
 80GB = 81920 MiB, or a card: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB;
 default A100-80GB) with --headroom (default 0.1) to spare; writes memory.json and memory.png into
-the same folder. Exit status 0, 2 for bad input. See zoo/diagnostics/memory.py and docs/doctor.md.
+the same folder. --cpu-check adds one real FP32 step on this CPU at the configured batch and half of
+it (fresh processes, peak-RSS growth) beside the prediction. Exit status 0, 2 for bad input. See zoo/diagnostics/memory.py and docs/doctor.md.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def _flags(args: list[str]) -> tuple[dict, list[str]]:
     flags, rest, it = {}, [], iter(args)
     for a in it:
         name, eq, value = a.partition("=")
-        if name == "--memory":
-            flags["memory"] = True
+        if name in ("--memory", "--cpu-check"):
+            flags[name[2:].replace("-", "_")] = True
         elif name in ("--gpu-memory", "--headroom"):
             value = value if eq else next(it, None)
             if value is None:
@@ -54,7 +55,8 @@ def _memory(flags: dict, overrides: list[str], compose) -> int:
         raise ValueError(f"--headroom: {flags['headroom']!r}: expected a number such as 0.1") from None
     base = [o for o in overrides if not o.startswith("amp=")]
     cfg = compose(overrides)
-    result = plan(lambda prec: compose([*base, f"amp={prec}"]), card=flags.get("gpu_memory"), headroom=headroom)
+    result = plan(lambda prec: compose([*base, f"amp={prec}"]), card=flags.get("gpu_memory"), headroom=headroom,
+                  cpu_check=bool(flags.get("cpu_check")))
     out = Path(cfg.doctor.out or f"outputs/doctor/{cfg.model.name}_{cfg.amp.name}")
     print(write(result, out), flush=True)
     return 0

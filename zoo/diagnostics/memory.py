@@ -50,7 +50,8 @@ import numpy as np
 import paddle
 
 from zoo.amp import emulation as emu
-from zoo.diagnostics.probe import Probe, train_batches
+from zoo.diagnostics import memory_cpu
+from zoo.diagnostics.probe import Probe, first_batch
 from zoo.engine.run import ConfigError, build, build_amp, seed_everything
 from zoo.utils.fileio import atomic_write
 
@@ -96,7 +97,7 @@ SAVES = {
     **dict.fromkeys(("add", "subtract", "scale", "reshape", "transpose", "flatten", "squeeze",
                      "unsqueeze", "slice", "strided_slice", "split", "split_with_num", "concat", "stack",
                      "unbind", "expand", "expand_as", "tile", "roll", "flip", "pad", "mean", "sum",
-                     "assign", "cast", "nearest_interp", "bilinear_interp", "full_like", "sign",
+                     "assign", "cast", "mean_all", "nearest_interp", "bilinear_interp", "full_like", "sign",
                      "cumsum", "max", "min", "amax", "amin", "logsumexp"), _NOTHING),
 }
 _UID = "_zoo_mem_uid"
@@ -318,7 +319,7 @@ def plan_precision(cfg, batch_sizes=(1, 2), check_at: int | None = None, batches
     traces = {}
     for b in (*batch_sizes, *([check_at] if check_at else [])):
         if b not in batches:
-            batches[b] = batch_for(cfg, b)
+            batches[b] = first_batch(cfg, b)
         traces[b] = trace(model, task, batches[b], amp)
     b1, b2 = batch_sizes
     fits = {}
@@ -397,21 +398,11 @@ def parse_card(text: str | None) -> tuple[str, float]:
     return text, mib
 
 
-def batch_for(cfg, b: int):
-    """The first training batch of ``b`` samples this config's data gives."""
-    from omegaconf import OmegaConf
-
-    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    c.model.batch_size = b
-    got = train_batches(c, 1)
-    if not got:
-        raise ConfigError(f"data={cfg.data.name} gives no batch of {b}")
-    return got[0]
-
-
 def plan(configure, precisions=PRECISIONS, card: str | None = None, headroom: float = HEADROOM,
-         batch_sizes=(1, 2), check_at: int | None = 4) -> dict:
-    """The memory plan: ``configure(precision)`` gives the composed config for each precision."""
+         batch_sizes=(1, 2), check_at: int | None = 4, cpu_check: bool = False) -> dict:
+    """The memory plan: ``configure(precision)`` gives the composed config for each precision.
+    ``cpu_check``: also one real FP32 step at the configured batch and half of it, each in a fresh
+    process, against the prediction (:mod:`zoo.diagnostics.memory_cpu`)."""
     t0 = time.time()
     name, mib = parse_card(card)
     if not 0 <= headroom < 1:
@@ -430,6 +421,16 @@ def plan(configure, precisions=PRECISIONS, card: str | None = None, headroom: fl
         p["at_batch"] = breakdown(p, out["batch_size"])
         p["largest_batch"] = largest_batch(p, limit)
         out["precisions"][prec] = p
+    if cpu_check:
+        b = out["batch_size"]
+        sizes = sorted({max(1, b // 2), b})
+        fp32 = out["precisions"].get("fp32") or plan_precision(configure("fp32"), batch_sizes)
+        rows = []
+        for m in memory_cpu.measure(configure("fp32"), sizes):
+            pred = breakdown(fp32, m["batch"])
+            predicted = sum(pred[k] for k in memory_cpu.STEP_ROWS)
+            rows.append({**m, "predicted": predicted, "ratio": m["growth"] / predicted if predicted else None})
+        out["cpu_check"] = rows
     out["seconds"] = time.time() - t0
     return out
 
@@ -477,6 +478,18 @@ def table(result: dict) -> str:
         lines.append(f"activations traced at batch {b1} and {b2}, fitted as fixed + per-sample; at batch "
                      f"{chk['batch']} the line gives {chk['line'] / MiB:.1f} MiB, the trace {chk['traced'] / MiB:.1f} "
                      f"MiB ({chk['rel_err']:.1%} apart)")
+    for r in result.get("cpu_check", []):
+        lines.append(f"CPU check, fp32 batch {r['batch']}: one real step grew the peak RSS ({r['source']}) by "
+                     f"{r['growth'] / MiB:.1f} MiB; predicted (gradients + optimizer state + activations + "
+                     f"largest tensor) {r['predicted'] / MiB:.1f} MiB, ratio {r['ratio']:.2f}")
+    cpu = result.get("cpu_check") or []
+    if len(cpu) == 2:   # the difference cancels what a first step costs whatever the batch
+        (a, b) = cpu
+        lines.append(f"CPU check, batch {a['batch']} -> {b['batch']}: measured +{(b['growth'] - a['growth']) / MiB:.1f} "
+                     f"MiB, predicted +{(b['predicted'] - a['predicted']) / MiB:.1f} MiB")
+    if cpu:
+        lines.append("  (RSS growth is no strict bound: freed pages glibc kept are reused without growth, "
+                     "reading low; allocator overhead, oneDNN scratch and Python objects read high)")
     unknown = sorted({o for p in precs for t in result["precisions"][p]["traces"].values() for o in t["unknown_ops"]})
     if unknown:
         lines.append("ops without a saving rule (all their inputs counted): " + ", ".join(unknown))

@@ -41,6 +41,18 @@ def train_batches(cfg, n: int) -> list:
     return out
 
 
+def first_batch(cfg, batch_size: int):
+    """The first training batch of ``batch_size`` samples this config's data gives."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    c.model.batch_size = batch_size
+    got = train_batches(c, 1)
+    if not got:
+        raise ValueError(f"data={cfg.data.name} gives no batch of {batch_size}")
+    return got[0]
+
+
 def sample(x: np.ndarray) -> np.ndarray:
     flat = np.asarray(x, np.float32).ravel()
     return flat[:: max(1, flat.size // SAMPLE)][:SAMPLE].copy()
