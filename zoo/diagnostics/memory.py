@@ -505,11 +505,13 @@ def plot(result: dict, path: Path) -> None:
     top = max(1, max(p["largest_batch"] for p in result["precisions"].values()), result["batch_size"])
     xs = np.unique(np.linspace(1, top * 1.15, 60).astype(int))
     for name, p in result["precisions"].items():
-        ax.plot(xs, [breakdown(p, int(x))["peak"] / (1 << 30) for x in xs], label=name)
+        ax.plot(xs, [breakdown(p, int(x))["peak"] / (1 << 30) for x in xs], label=name,
+                ls=":" if name.startswith("bf16") else "-", lw=2.2 if name.startswith("bf16") else 1.4)
         ax.plot([result["batch_size"]], [p["at_batch"]["peak"] / (1 << 30)], "o", color=ax.lines[-1].get_color())
     ax.axhline(result["limit_bytes"] / (1 << 30), color="red", ls="--",
                label=f"{result['card']} usable ({result['headroom']:.0%} headroom)")
-    ax.axhline((result["card_mib"] - result["cuda_context_mib"]) / 1024, color="red", lw=0.8)
+    ax.axhline((result["card_mib"] - result["cuda_context_mib"]) / 1024, color="red", lw=0.8,
+               label=f"{result['card']} less the CUDA context")
     ax.set_xlabel("batch size")
     ax.set_ylabel("predicted peak (GiB)")
     ax.set_title(f"{result['model']}: peak training memory by batch (dot: configured batch)")
