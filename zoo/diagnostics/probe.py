@@ -41,6 +41,18 @@ def train_batches(cfg, n: int) -> list:
     return out
 
 
+def first_batch(cfg, batch_size: int):
+    """The first training batch of ``batch_size`` samples this config's data gives."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    c.model.batch_size = batch_size
+    got = train_batches(c, 1)
+    if not got:
+        raise ValueError(f"data={cfg.data.name} gives no batch of {batch_size}")
+    return got[0]
+
+
 def sample(x: np.ndarray) -> np.ndarray:
     flat = np.asarray(x, np.float32).ravel()
     return flat[:: max(1, flat.size // SAMPLE)][:SAMPLE].copy()
@@ -107,11 +119,16 @@ class Probe:
     """Context that records :class:`OpRecord` s for forward passes run inside it.
 
     ``grad_scale`` divides the gradients the tensor hooks see (a scaled backward); ``keep_first``
-    keeps a sample of step 1's values for comparing two runs.
+    keeps a sample of step 1's values for comparing two runs. ``observer(rec, args, kwargs, out)``,
+    when given, sees every recorded call with its record (whose ``low_calls`` already counts it);
+    ``numerics=False`` skips the value statistics and gradient hooks (the memory planner needs
+    only the ops, their tensors and the emulation's decision).
     """
 
-    def __init__(self, model, emulation: emu.Emulation, fmt_dtype: str):
+    def __init__(self, model, emulation: emu.Emulation, fmt_dtype: str, observer=None,
+                 numerics: bool = True):
         self.model, self.emulation, self.dtype = model, emulation, fmt_dtype
+        self.observer, self.numerics = observer, numerics
         self.records: dict[str, OpRecord] = {}
         self.step = 0
         self.grad_scale = 1.0
@@ -139,6 +156,10 @@ class Probe:
         if any(getattr(a, _OVER, False) for a in emu._float_tensors(args)):
             rec.inputs_overflowed += 1
         rec.low_calls += int(emu.is_low(t))
+        if self.observer is not None:
+            self.observer(rec, args, kwargs, out)
+        if not self.numerics:
+            return out
         if emu.is_low(t):  # its backward casts the gradient of every input to the format
             self.low_inputs.update(self._param_names[id(a)] for a in emu._float_tensors(args)
                                    if id(a) in self._param_names)

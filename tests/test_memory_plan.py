@@ -1,0 +1,158 @@
+"""The memory planner (tools/amp_doctor.py --memory): bytes of a net small enough to count by hand,
+the batch line and the largest batch, the card names, and the tool end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import paddle
+import pytest
+from conftest import ROOT, run_tool
+
+from zoo.amp import Amp
+from zoo.amp import emulation as emu
+from zoo.diagnostics import memory as M
+
+
+class Small(paddle.nn.Layer):
+    """conv 1->2 (3x3, pad 1, no bias) -> BatchNorm(2) -> flatten -> linear 32->3, on 1x4x4 inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 2, 3, padding=1, bias_attr=False)
+        self.bn = paddle.nn.BatchNorm2D(2)
+        self.fc = paddle.nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.fc(paddle.flatten(self.bn(self.conv(x)), 1))
+
+
+class SumTask:
+    def losses(self, model, batch):
+        return {"loss": model(batch).sum()}   # sum's backward reads no tensor
+
+
+def _net():
+    paddle.seed(0)
+    net = Small()
+    net.train()
+    return net
+
+
+def _batch(b):
+    return paddle.to_tensor(np.random.RandomState(b).randn(b, 1, 4, 4).astype("float32"))
+
+
+FP32 = Amp(name="fp32", enabled=False)
+O1 = Amp(name="O1", enabled=True, level="O1", dtype="float16")
+
+
+# ---- parameters, gradients, optimizer state, by hand ----------------------------------------------
+# entries: conv.weight 2*1*3*3 = 18; bn.weight 2, bn.bias 2; fc.weight 32*3 = 96, fc.bias 3 -> 121
+# trainable; BatchNorm's buffers _mean 2, _variance 2 -> 4 more.
+TRAINABLE = 18 + 2 + 2 + 96 + 3          # 121
+
+
+def test_state_bytes_in_fp32_and_o1_by_hand():
+    for level in ("fp32", "O1"):      # O1 leaves parameters, gradients and Adam's state in fp32
+        s = M.state_bytes(_net(), level, "float16", "paddle.optimizer.Adam", multi_precision=True)
+        assert s["parameters"].raw == (TRAINABLE + 4) * 4 == 500
+        # fc.weight's 384 B take two 256 B units, the six other tensors one each
+        assert s["parameters"].count == 7 and s["parameters"].rounded == 6 * 256 + 512
+        assert s["gradients"].raw == TRAINABLE * 4 == 484
+        # Adam: two fp32 moments per parameter, plus beta1_pow and beta2_pow (1 fp32 entry each) x 5
+        assert s["optimizer"].raw == 2 * 484 + 5 * 2 * 4 == 1008
+        assert s["master_weights"].raw == 0
+    m = M.state_bytes(_net(), "fp32", "float16", "paddle.optimizer.Momentum", multi_precision=True)
+    assert m["optimizer"].raw == 484          # one velocity
+
+
+def test_state_bytes_at_o2_by_hand():
+    net = _net()
+    emu.mark_o2_parameters(net, "float16")    # all but BatchNorm cast to fp16
+    s = M.state_bytes(net, "O2", "float16", "paddle.optimizer.Adam", multi_precision=True)
+    low = 18 + 96 + 3                         # conv.weight, fc.weight, fc.bias: 117 fp16 entries
+    assert s["parameters"].raw == low * 2 + (2 + 2) * 4 + 4 * 4 == 266
+    assert s["gradients"].raw == low * 2 + 4 * 4 == 250           # master_grad false: stored fp16
+    assert s["master_weights"].raw == low * 4 == 468
+    assert s["optimizer"].raw == 1008                              # multi_precision: fp32 moments
+    g = M.state_bytes(net, "O2", "float16", "paddle.optimizer.Adam", multi_precision=True, master_grad=True)
+    assert g["gradients"].raw == 484
+    n = M.state_bytes(net, "O2", "float16", "paddle.optimizer.Adam", multi_precision=False, master_weight=False)
+    assert n["master_weights"].raw == 0 and n["optimizer"].raw == 2 * (low * 2 + 4 * 4) + 40
+
+
+# ---- saved activations, by hand ---------------------------------------------------------------------
+def fp32_saved(b):
+    """conv2d keeps x (b*1*4*4 fp32 = 64b B; its weight is the parameter itself); batch_norm keeps x
+    (the conv output, b*2*4*4 fp32 = 128b B) and saved mean and variance (2 + 2 fp32 = 16 B); flatten
+    keeps nothing; linear keeps x (the flattened map, b*32 fp32 = 128b B) and its weight (the
+    parameter); sum keeps nothing."""
+    return 64 * b + 128 * b + 16 + 128 * b
+
+
+def o1_saved(b):
+    """conv2d is white: x is kept as its fp16 cast (16b * 2 = 32b B) and the fp32 weight as its fp16
+    copy (18 * 2 = 36 B); batch_norm follows its fp16 x (32b * 2 = 64b B; saved mean and variance
+    stay fp32, 16 B); flatten follows (fp16); linear's matmul is white: x fp16 (32b * 2 = 64b B) and
+    the weight's fp16 copy (96 * 2 = 192 B)."""
+    return 32 * b + 36 + 64 * b + 16 + 64 * b + 192
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_saved_activations_by_hand(b):
+    t = M.trace(_net(), SumTask(), _batch(b), FP32)
+    assert t["activations"]["bytes"] == fp32_saved(b) == 320 * b + 16
+    assert t["activations"]["tensors"] == 5 and t["weight_casts"] == 0
+    assert t["largest"] == 128 * b                    # the conv / BatchNorm outputs, 2*4*4 fp32 each
+    assert t["batch"]["bytes"] == 64 * b
+    t = M.trace(_net(), SumTask(), _batch(b), O1)
+    assert t["activations"]["bytes"] == o1_saved(b) == 160 * b + 244
+    assert t["weight_casts"] == 36 + 192
+    assert t["activations"]["allocated"] == 7 * 256   # seven tensors, each under 256 B
+
+
+def test_the_line_through_two_batches_and_the_largest_batch():
+    p = {"states": {k: {"bytes": 100, "allocated": 256} for k in ("parameters", "gradients", "optimizer",
+                                                                   "master_weights")},
+         "fits": {"activations": (16.0, 320.0), "activations_allocated": (256.0, 512.0),
+                  "batch": (0.0, 64.0), "batch_allocated": (0.0, 256.0), "largest": (0.0, 128.0)}}
+    row = M.breakdown(p, 2)
+    assert row["activations"] == 656 and row["batch"] == 128 and row["largest"] == 256
+    assert row["workspace"] == M.WORKSPACE_BYTES
+    exact = 400 + 656 + 128 + 256 + M.WORKSPACE_BYTES
+    allocated = 4 * 256 + (256 + 1024) + 512 + 256 + M.WORKSPACE_BYTES
+    assert row["rounding"] == allocated - exact and row["peak"] == allocated
+    limit = M.breakdown(p, 1000)["peak"] + 1
+    assert M.largest_batch(p, limit) == 1000
+    assert M.largest_batch(p, M.WORKSPACE_BYTES) == 0
+
+
+def test_cards_and_amounts():
+    assert M.parse_card("A100-80GB") == ("A100-80GB", 81920.0)
+    assert M.parse_card("h100-80gb")[1] == 81559
+    assert M.parse_card("80GB")[1] == 80 * 1024
+    assert M.parse_card("16000MiB")[1] == 16000
+    with pytest.raises(M.ConfigError, match="--gpu-memory"):
+        M.parse_card("lots")
+
+
+def test_the_tool_end_to_end_on_resnet_tiny(tmp_path):
+    out = tmp_path / "doc"
+    r = run_tool(["tools/amp_doctor.py", "model=resnet_tiny", "amp=O1", "--memory", "--gpu-memory",
+                  "V100-16GB", f"doctor.out={out}"], cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for word in ("parameters", "activations saved for backward", "largest batch that fits",
+                 "amp=O1: model.batch_size=", "amp=bf16_O2: model.batch_size="):
+        assert word in r.stdout
+    data = json.loads((out / "memory.json").read_text())
+    assert set(data["precisions"]) == set(M.PRECISIONS) and data["card"] == "V100-16GB"
+    fp32, o1, o2 = (data["precisions"][k] for k in ("fp32", "O1", "O2"))
+    assert o1["states"]["gradients"]["bytes"] == fp32["states"]["gradients"]["bytes"]
+    assert o2["states"]["parameters"]["bytes"] < fp32["states"]["parameters"]["bytes"]
+    assert o1["at_batch"]["activations"] < fp32["at_batch"]["activations"]
+    assert o1["largest_batch"] >= fp32["largest_batch"] > 0
+    assert data["precisions"]["fp32"]["linearity"]["rel_err"] < 0.05
+    assert (out / "memory.png").stat().st_size > 1000
+    bad = run_tool(["tools/amp_doctor.py", "model=resnet_tiny", "--memory", "--gpu-memory", "lots"], cwd=ROOT)
+    assert bad.returncode == 2 and "error: --gpu-memory" in bad.stderr
