@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import paddle
-from tqdm import tqdm
 
 from zoo.data import EvalBatchSampler, build_loader
 from zoo.utils import distributed as dist
+from zoo.utils.progress import progress as with_progress
 
 
 def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
@@ -26,7 +26,8 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
         task.begin_eval(val_set)
     model.eval()
     with paddle.no_grad(), amp.autocast():
-        for batch in tqdm(loader, desc="eval", leave=False, disable=not (progress and dist.is_main())):
+        for batch in with_progress(loader, total=len(sampler), desc="eval", unit="batches", leave=False,
+                                   disable=not (progress and dist.is_main())):
             if stop is not None:
                 stop.check()
             for k, v in task.eval_stats(model, batch).items():

@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from zoo.amp.guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
@@ -25,6 +23,7 @@ from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
 from zoo.utils import distributed as dist
+from zoo.utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +208,9 @@ class Trainer:
         self.model.train()
         if self.eval_pending and self.step < self.settings.max_steps:  # stopped in this evaluation
             self.evaluate()
-        bar = tqdm(total=self.settings.max_steps, initial=self.step, disable=not (self.main and self.settings.progress),
-                   desc="train", dynamic_ncols=True)
+        # a bar on a terminal; in a redirected log one plain line per log step (trainer.log_every)
+        bar = Progress(total=self.settings.max_steps, initial=self.step, desc="train", unit="steps", every=0,
+                       disable=not (self.main and self.settings.progress))
         try:
             self._loop(iter(loader), bar)
         except SampleLoadError as e:  # the steps done so far are kept: fix the file, then resume
@@ -321,9 +321,9 @@ class Trainer:
                        skipped_steps=self.amp.skipped_steps, epoch=self.step / self.steps_per_epoch,
                        time=time.time(), images_per_s=images / max(window["time"], 1e-9))
             self.metrics.write("train", self.step, **rec)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
-                            scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
-                            ips=f"{rec['images_per_s']:.1f}")
+            bar.report(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
+                       scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
+                       ips=f"{rec['images_per_s']:.1f}")
             window.update(steps=0, time=0.0, terms={})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:  # hook 3: eval
             self.evaluate()
