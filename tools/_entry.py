@@ -24,9 +24,29 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from zoo.engine.from_run import value_from_run  # noqa: E402
 from zoo.engine.runinfo import run_stamp  # noqa: E402
 
 OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
+# ${from_run:KEY,FALLBACK,SOURCE...}: KEY of the run a tool is given (eval.yaml / export.yaml name their folder by it)
+OmegaConf.register_new_resolver("from_run", value_from_run, replace=True)
+
+
+def config_of_run(cfg, alias: str, config_name: str):
+    """tools/eval.py and tools/export.py: given ``run=`` (or the older ``alias``), the run's saved
+    config with this command line's overrides on top (:func:`zoo.engine.from_run.with_run_config`);
+    the notes (an old key, which config was read) go to stderr."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    from zoo.engine.from_run import with_run_config
+
+    overrides = list(HydraConfig.get().overrides.task)
+    merged, notes = with_run_config(cfg, overrides, lambda o: compose(config_name=config_name, overrides=o),
+                                    alias, CONFIG_DIR)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return merged
 
 HYDRA_GRAMMAR = "https://hydra.cc/docs/1.2/advanced/override_grammar/basic"
 
