@@ -62,6 +62,6 @@ def run_tool(args, cwd, env_extra=None, timeout=600):
     """Run a tools/ script as a user would; returns the CompletedProcess (text)."""
     import subprocess
 
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env_extra or {}))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env_extra or {})}  # env_extra may set PYTHONWARNINGS
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)

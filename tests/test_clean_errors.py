@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, TINY, compose
 
 from zoo.engine import checkpoint as ckpt
+from zoo.engine.metrics_log import read_metrics
 from zoo.engine.run import train
 from zoo.engine.trainer import Trainer
 
@@ -74,6 +75,116 @@ def test_signal_saves_a_checkpoint_at_the_end_of_the_step(tiny_cfg, tmp_path, ca
     monkeypatch.undo()
     resumed = train(tiny_cfg("trainer.max_steps=6", "trainer.ckpt_every=4", "trainer.resume=auto"), run)
     assert resumed["steps"] == 6 and resumed["resumed_from"].endswith(ckpt.LAST)
+
+
+def _signal_in_eval_batch(monkeypatch, signum, call):
+    """Send ``signum`` during the ``call``-th evaluation batch of the run (1-based, all evaluations)."""
+    from zoo.tasks.classification import ClassificationTask
+
+    real, calls = ClassificationTask.eval_stats, []
+
+    def eval_stats(self, model, batch):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signum)
+        return real(self, model, batch)
+
+    monkeypatch.setattr(ClassificationTask, "eval_stats", eval_stats)
+
+
+def _signal_while_drawing(monkeypatch, signum):
+    import zoo.engine.trainer as trainer_module
+
+    def draw(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return []
+
+    monkeypatch.setattr(trainer_module, "draw_samples", draw)
+
+
+# (phase, extra overrides, how to hit it, the step it stops at, the phase named in the line, signal).
+# TINY evaluates 48 images in batches of 24: two batches per evaluation.
+STOP_PHASES = [
+    ("periodic evaluation", ["trainer.eval_every=2"], lambda mp, s: _signal_in_eval_batch(mp, s, 1), 2,
+     " (evaluation)", signal.SIGTERM),
+    ("final evaluation", [], lambda mp, s: _signal_in_eval_batch(mp, s, 1), 4, " (final evaluation)", signal.SIGTERM),
+    ("final evaluation, ctrl-c", [], lambda mp, s: _signal_in_eval_batch(mp, s, 2), 4, " (final evaluation)",
+     signal.SIGINT),
+    ("fp32 evaluation", ["amp=O1"], lambda mp, s: _signal_in_eval_batch(mp, s, 3), 4, " (FP32 evaluation)",
+     signal.SIGTERM),
+    ("drawing", ["trainer.draw_samples=2"], _signal_while_drawing, 4, " (drawing)", signal.SIGTERM),
+]
+
+
+@pytest.mark.parametrize("phase, extra, hit, step, named, signum", STOP_PHASES, ids=[p[0] for p in STOP_PHASES])
+def test_signal_in_every_phase_saves_the_last_step_and_resume_finishes_the_run(
+        tiny_cfg, tmp_path, capsys, monkeypatch, phase, extra, hit, step, named, signum):
+    """SIGTERM (or Ctrl-C) in an evaluation or the drawings: one line, exit 143 (130), the checkpoint
+    of the last completed step; resume=auto finishes the run (redoing the evaluation, not the steps)
+    and ends where an uninterrupted run ends."""
+    over = ["trainer.max_steps=4", "trainer.ckpt_every=50", *extra]
+    full = train(tiny_cfg(*over), tmp_path / "full")
+    run = tmp_path / "runs" / "a_stopped"
+    hit(monkeypatch, signum)
+    code, err = _run(tiny_cfg(*over), run, capsys)
+    last = run / "checkpoints" / ckpt.LAST
+    assert code == 128 + signum, err
+    assert err.strip().splitlines()[-1] == (f"interrupted at step {step}{named}; checkpoint saved to {last}, "
+                                            "resume with trainer.resume=auto")
+    assert "Traceback" not in err
+    state = ckpt.load(last)
+    assert state["step"] == step and not (run / "summary.json").exists()
+    # unfinished in the checkpoint: the evaluation it stopped in (not one that ended with its last
+    # batch, as the Ctrl-C case's, which stops before the bootstrap that follows)
+    assert state["eval_pending"] is (phase in ("periodic evaluation", "final evaluation"))
+    monkeypatch.undo()
+    resumed = train(tiny_cfg(*over, "trainer.resume=auto"), tmp_path / "runs" / "b_resumed")
+    assert resumed["status"] == "completed" and resumed["steps"] == 4
+    assert resumed["resumed_from"] == str(last)
+    assert resumed["metrics"] == full["metrics"] and resumed["param_digests"] == full["param_digests"]
+    assert resumed.get("metrics_fp32_eval") == full.get("metrics_fp32_eval")
+    records = [(r["kind"], r["step"]) for r in read_metrics(tmp_path / "runs" / "b_resumed" / "metrics.jsonl")
+               if r["kind"] in ("train", "eval")]
+    assert records == [(r["kind"], r["step"]) for r in read_metrics(tmp_path / "full" / "metrics.jsonl")
+                       if r["kind"] in ("train", "eval")]  # every step and evaluation once
+
+
+def test_train_tool_stopped_in_the_final_evaluation_exits_143_and_resume_only_evaluates(tmp_path, ampzoo_home):
+    """The reported case, as processes: SIGTERM when the final evaluation starts."""
+    driver = tmp_path / "train_with_sigterm_in_final_eval.py"
+    driver.write_text(f"""
+import os, runpy, signal, sys
+sys.path.insert(0, {str(ROOT / 'tools')!r})
+from zoo.engine.trainer import Trainer
+real = Trainer.evaluate
+def evaluate(self, phase="evaluation"):
+    if phase == "final evaluation":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, phase)
+Trainer.evaluate = evaluate
+sys.argv = [{str(ROOT / 'tools' / 'train.py')!r}, *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", AMPZOO_HOME=str(ampzoo_home))
+    args = [*TINY, "trainer.max_steps=2", "trainer.ckpt_every=50"]
+    runs = tmp_path / "runs"
+    first = subprocess.run([sys.executable, str(driver), *args, f"hydra.run.dir={runs / 'a'}"], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+    last = runs / "a" / "checkpoints" / ckpt.LAST
+    assert first.returncode == 143, first.stderr[-3000:]
+    assert first.stderr.strip().splitlines()[-1] == (
+        f"interrupted at step 2 (final evaluation); checkpoint saved to {last}, resume with trainer.resume=auto")
+    assert ckpt.load(last)["step"] == 2
+    second = subprocess.run([sys.executable, "tools/train.py", *args, "trainer.resume=auto",
+                             f"hydra.run.dir={runs / 'b'}"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = json.loads((runs / "b" / "summary.json").read_text())
+    assert summary["resumed_from"] == str(last) and summary["steps"] == 2
+    assert summary["primary_metric"]["value"] is not None
+    train_lines = [r for r in read_metrics(runs / "b" / "metrics.jsonl", "train")]
+    assert [r["step"] for r in train_lines] == [1, 2]  # carried over, not trained again
+    assert "resumed from" in (runs / "b" / "train.log").read_text()
 
 
 @pytest.mark.timeout(120)

@@ -325,3 +325,28 @@ def test_small_models_inherit_their_family_recipe(tiny, family, amp):
     assert own.init_loss_scaling == fam.init_loss_scaling
     if family == "db_det" and amp != "fp32":
         assert "exp" in own.custom_black_list
+
+
+def test_ppyoloe_s_quick_run_is_the_schedule_measured_above_its_bar():
+    """issue 27.4: `python tools/train.py model=ppyoloe_s amp=O1` must reach COCO mAP >= 0.30 on the
+    embedded set. A 640-step CPU run takes ~20 min, too long for CI, so the seeds are measured by hand
+    (MODEL_CARDS.md, PP-YOLOE, "The quick run over three seeds": 0.47-0.58 at HEAD) and this test pins
+    the settings they were measured with: change one and re-measure the three seeds before
+    updating it (500 steps instead of 640 gave 0.297)."""
+    cfg = compose(["model=ppyoloe_s", "amp=O1"])
+    b = cfg.data.builder
+    measured = {
+        "steps": 640, "batch": 8, "optimizer": "adam", "lr": 0.004, "warmup_steps": 20,
+        "schedule": "zoo.engine.schedules.cosine", "horizon": 1.0, "ema_decay": 0.998,
+        "data": ("synthetic_shapes_det", 1000, 200, 160, 0.5), "loss_scale": 1024.0,
+        "black_list": ["reduce_mean"], "tal_topk": 13, "static_assigner_epoch": 0,
+    }
+    composed = {
+        "steps": cfg.trainer.max_steps, "batch": cfg.model.batch_size, "optimizer": cfg.optim.name,
+        "lr": cfg.optim.lr, "warmup_steps": cfg.sched.warmup_steps, "schedule": cfg.sched._target_,
+        "horizon": cfg.sched.horizon, "ema_decay": cfg.trainer.ema_decay,
+        "data": (cfg.data.name, b.num_train, b.num_val, b.image_size, b.flip),
+        "loss_scale": cfg.amp.init_loss_scaling, "black_list": list(cfg.amp.custom_black_list),
+        "tal_topk": cfg.model.task.loss.tal_topk, "static_assigner_epoch": cfg.model.task.loss.static_assigner_epoch,
+    }
+    assert composed == measured

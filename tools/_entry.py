@@ -1,11 +1,21 @@
-"""Shared start-up for the Hydra entry points: import path, resolvers, clean user errors."""
+"""Shared start-up for the Hydra entry points: import path, resolvers, clean user errors.
+
+Importing it also silences Paddle's "No ccache found" warning (every ``import paddle`` gives it;
+it concerns compiling C++ extensions, which no tool does) and makes Hydra's own composition errors
+(``amp=O3``, ``trainer.max_stepz=3``) one ``error:`` line with exit status 2, as the zoo's are.
+"""
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
+
+# Before anything imports paddle: its cpp_extension module warns at import when ccache is missing.
+warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
@@ -14,9 +24,102 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from zoo.engine.from_run import value_from_run  # noqa: E402
 from zoo.engine.runinfo import run_stamp  # noqa: E402
 
 OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
+# ${from_run:KEY,FALLBACK,SOURCE...}: KEY of the run a tool is given (eval.yaml / export.yaml name their folder by it)
+OmegaConf.register_new_resolver("from_run", value_from_run, replace=True)
+
+
+def config_of_run(cfg, alias: str, config_name: str):
+    """tools/eval.py and tools/export.py: given ``run=`` (or the older ``alias``), the run's saved
+    config with this command line's overrides on top (:func:`zoo.engine.from_run.with_run_config`);
+    the notes (an old key, which config was read) go to stderr."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    from zoo.engine.from_run import with_run_config
+
+    overrides = list(HydraConfig.get().overrides.task)
+    merged, notes = with_run_config(cfg, overrides, lambda o: compose(config_name=config_name, overrides=o),
+                                    alias, CONFIG_DIR)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return merged
+
+HYDRA_GRAMMAR = "https://hydra.cc/docs/1.2/advanced/override_grammar/basic"
+
+
+def hydra_error_line(err: BaseException) -> str | None:
+    """One line for an error of Hydra's composition (a bad override), or None for other errors.
+
+    ``amp=O3`` -> ``amp=O3: no such choice; valid: O1, O2, ...``; ``trainer.max_stepz=3`` ->
+    ``trainer.max_stepz: no such key (did you mean trainer.max_steps?); ...``; a syntax error names
+    the override; any other composition error is its message on one line.
+    """
+    import difflib
+
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file \
+            and "/" in err.missing_cfg_file:
+        group, choice = err.missing_cfg_file.rsplit("/", 1)
+        return f"{group}={choice}: no such choice; valid: {', '.join(err.options)}"
+    if isinstance(err, OverrideParseException):
+        lines = [x.strip() for x in err.message.splitlines() if x.strip() and not x.startswith("See http")]
+        reason = lines[-1] if lines else "cannot be parsed"
+        return f"{err.override}: cannot parse this override ({reason}); grammar: {HYDRA_GRAMMAR}"
+    if not isinstance(err, ConfigCompositionException):
+        return None
+    text = str(err)
+    unknown = re.match(r"Could not override '([^']+)'\.\s*To append to your config use \+(\S+)", text)
+    cause = err.__cause__
+    if unknown and cause is not None and getattr(cause, "full_key", None):
+        key, override = unknown.group(1), unknown.group(2)
+        parent = getattr(cause, "parent_node", None)
+        names = [str(k) for k in parent.keys() if k != "hydra"] if parent is not None else []
+        missing = str(cause.full_key)
+        prefix = missing.rsplit(".", 1)[0] + "." if "." in missing else ""
+        near = difflib.get_close_matches(missing.rsplit(".", 1)[-1], names, n=1)
+        hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+        return f"{key}: no such key{hint}; a new key needs a +: +{override}"
+    lines = [x.strip() for x in text.split("\nConfig search path:")[0].splitlines() if x.strip()]
+    return " ".join(lines) if lines else None
+
+
+def _clean_hydra_errors() -> None:
+    """Wrap Hydra's ``run_and_report`` so its composition errors become ``error: <line>``, exit 2.
+
+    Hydra (1.3) prints them over several lines plus a hint, and exits 1; everything else it reports
+    as before. ``HYDRA_FULL_ERROR=1`` keeps Hydra's own report (and its traceback)."""
+    # A private function of Hydra 1.3 (pyproject pins hydra-core<1.4); if a release moves it, the
+    # tools keep working with Hydra's own multi-line messages (tests/test_cli.py then fails).
+    try:
+        from hydra._internal import utils as hydra_utils
+    except ImportError:
+        return
+    original = getattr(hydra_utils, "run_and_report", None)
+    if original is None or getattr(original, "ampzoo", False):
+        return
+
+    def run_and_report(func):
+        def composing():
+            try:
+                return func()
+            except Exception as err:
+                line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else hydra_error_line(err)
+                if line is None:
+                    raise
+                print(f"error: {line}", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
+        return original(composing)
+
+    run_and_report.ampzoo = True
+    hydra_utils.run_and_report = run_and_report
+
+
+_clean_hydra_errors()
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

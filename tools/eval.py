@@ -1,7 +1,10 @@
-"""Evaluate a checkpoint: ``python tools/eval.py model=resnet18 checkpoint=outputs/<run>/<stamp>``.
+"""Evaluate a run: ``python tools/eval.py run=outputs/<run>/<stamp>``.
 
-Uses the same config groups as training (model, data, amp, recipe) and writes the metrics as JSON
-(``eval.json`` in its Hydra run folder, and at ``output=PATH`` if given).
+The run folder's config.yaml is the config (model, data, amp, ... as trained), with the command
+line's overrides on top (``amp=O1``, ``data.root=...``); a weights file from elsewhere takes the
+config groups from the command line as training does. Only the validation split is read. Writes the
+metrics as JSON (``eval.json`` in its Hydra run folder, and at ``output=PATH`` if given).
+``checkpoint=`` is the older name of ``run=``.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     from zoo.engine.evaluate_run import evaluate_checkpoint
 
+    cfg = _entry.run_or_exit(_entry.config_of_run, cfg, "checkpoint", "eval")
     result = _entry.run_or_exit(evaluate_checkpoint, cfg, HydraConfig.get().runtime.output_dir)
     print(json.dumps(result["metrics"], indent=2))
     written = [Path(HydraConfig.get().runtime.output_dir) / "eval.json"]

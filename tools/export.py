@@ -1,4 +1,7 @@
-"""Export for deployment: ``python tools/export.py model=db_det weights=outputs/<run>/<stamp>``.
+"""Export for deployment: ``python tools/export.py run=outputs/<run>/<stamp>``.
+
+The run folder's config.yaml is the config, with the command line on top, as for tools/eval.py;
+``weights=`` is the older name of ``run=``; without either, ``model=`` and its own initialisation.
 
 DB and ResNet: ``inference.json`` + ``inference.pdiparams`` and the ``inference.yml`` PaddleOCR/PaddleX
 predictors read. PP-YOLOE: PaddleDetection's deploy layout, ``model.json`` + ``model.pdiparams`` +
@@ -25,6 +28,7 @@ def main(cfg: DictConfig) -> None:
     from zoo.export.guard import PrecisionRefused
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    cfg = _entry.run_or_exit(_entry.config_of_run, cfg, "weights", "export")
     out_dir = cfg.export.out_dir or run_dir / "inference"
     try:
         record = _entry.run_or_exit(export_from_config, cfg, out_dir, print, run_dir)

@@ -10,44 +10,29 @@ from omegaconf import DictConfig
 from zoo.amp import current_device
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.evaluate import draw_samples, evaluate
-from zoo.engine.run import build, build_amp, build_data, seed_everything, validate
+from zoo.engine.from_run import resolve_weights, run_source
+from zoo.engine.run import ConfigError, build, build_amp, seed_everything, validate
 from zoo.engine.runinfo import announce, git_revision, write_json
 
-
-def resolve_weights(path: str | Path) -> tuple[dict, str]:
-    """Model weights from a run folder, a training checkpoint or a weights file, and what was used.
-
-    A run folder gives its best weights (``checkpoints/best.pdparams``) when training kept them,
-    else the last checkpoint. A training checkpoint gives its EMA weights when it has them (those
-    are what training evaluated), else its model weights.
-    """
-    path = Path(path)
-    if path.is_dir():
-        best = path / ckpt.CKPT_DIR / ckpt.BEST
-        path = best if best.is_file() else path / ckpt.CKPT_DIR / ckpt.LAST
-    if not path.is_file():
-        raise ckpt.CheckpointError(f"checkpoint: nothing to evaluate at {path}")
-    state = ckpt.read(path)
-    if isinstance(state, dict) and "model" in state and "step" in state:
-        if state.get("ema"):
-            return state["ema"]["shadow"], f"{path} (EMA weights, step {state['step']})"
-        return state["model"], f"{path} (step {state['step']})"
-    if not isinstance(state, dict):
-        raise ckpt.CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict")
-    return state, str(path)
+__all__ = ["evaluate_checkpoint", "evaluate_weights", "resolve_weights"]  # resolve_weights: its old home
 
 
 def evaluate_weights(cfg: DictConfig) -> tuple:
-    """Build model, task, AMP and the validation split from ``cfg``, load ``cfg.checkpoint`` and
-    evaluate: (metrics, task after the evaluation, model, validation set, amp, weights source)."""
+    """Build model, task, AMP and the validation split from ``cfg``, load ``cfg.run`` (or its older
+    name ``cfg.checkpoint``) and evaluate: (metrics, task after the evaluation, model, validation
+    set, amp, weights source). Only the validation split is read: the training one need not exist."""
+    given = run_source(cfg, "checkpoint")
+    if given is None:
+        raise ConfigError("run: missing: pass run=<run folder> (or a training checkpoint / weights file; "
+                          "checkpoint= is its older name)")
     validate(cfg)
     amp = build_amp(cfg)
+    weights, source = resolve_weights(given[1], given[0])  # before the data: a wrong path fails at once
     seed_everything(cfg.seed)
     device = current_device()
-    _, val_set, _ = build_data(cfg)
+    val_set = build(cfg.data.builder, "data").build("val", cfg.seed)
     model = build(cfg.model.net, "model.net")
     task = build(cfg.model.task, "model.task")
-    weights, source = resolve_weights(cfg.checkpoint)
     ckpt.check_fits(model, weights, source, f"model {cfg.model.name}")
     model.set_state_dict(weights)
     model, _ = amp.setup(model, None, device)
@@ -58,11 +43,12 @@ def evaluate_weights(cfg: DictConfig) -> tuple:
 
 
 def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
-    """Evaluate ``cfg.checkpoint`` (:func:`evaluate_weights`) and write JSON."""
+    """Evaluate ``cfg.run`` (:func:`evaluate_weights`) and write JSON."""
     t0 = time.time()
     metrics, task, model, val_set, amp, source = evaluate_weights(cfg)
     device = current_device()
     result = {"model": cfg.model.name, "data": cfg.data.name, "checkpoint": source,
+              "run": (run_source(cfg, "checkpoint") or (None, None))[1],
               "requested_precision": amp.requested, "effective_precision": amp.effective,
               "device": device.name, "metrics": metrics,
               "primary_metric": {"name": task.primary_metric, "value": metrics[task.primary_metric]},

@@ -62,19 +62,24 @@ def after_training(trainer, make_model, metrics: dict, eval_precision: str, n_re
     evaluation's (in the training precision).
     """
     task, primary = trainer.task, trainer.task.primary_metric
+    trainer.phase = "final evaluation"  # a stop signal is honoured between the parts (trainer.stop)
+    trainer.stop.check()
     own = {"name": primary, "value": metrics[primary], "evaluated_in": trainer.amp.effective,
            "ci": _bootstrap(task, n_resamples)}
+    trainer.stop.check()
     out = {"eval_precision": eval_precision, "primary_metric": own}
     if eval_precision == "train":
         return out
     if not trainer.amp.active:  # an FP32 run: its evaluation already is the FP32 one
         fp32_metrics, fp32_ci = dict(metrics), own["ci"]
     else:
+        trainer.phase = "FP32 evaluation"
         model = make_model()
         model.set_state_dict(_fp32_weights(trainer))
         fp32_metrics = evaluate(model, task, Amp(), trainer.val_set, trainer.eval_batch_size,
-                                trainer.settings.num_workers, False)
+                                trainer.settings.num_workers, False, stop=trainer.stop)
         fp32_ci = _bootstrap(task, n_resamples)
+        trainer.stop.check()
         if dist.is_main():
             log.info("FP32 evaluation of the final weights: %s %.4f (%s: %.4f)", primary,
                      fp32_metrics[primary], trainer.amp.effective, metrics[primary])

@@ -23,12 +23,21 @@ class MetricsLog:
         except OSError as e:
             raise with_filename(e, self.path) from e
 
-    def carry_over(self, previous: Path, up_to_step: int) -> int:
-        """Copy a killed run's lines up to the resumed step, so this log holds the whole curve."""
+    def carry_over(self, previous: Path, up_to_step: int, drop_eval_at: int | None = None) -> int:
+        """Copy a killed run's lines up to the resumed step, so this log holds the whole curve.
+
+        ``drop_eval_at``: a step whose evaluation the resumed run does again (one stopped midway, or
+        the final one); its old ``eval`` line is left out so the log holds it once."""
         if not self.enabled or not previous.is_file():
             return 0
-        kept = [line for line in previous.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= up_to_step]
+        kept = []
+        for line in previous.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            step = rec.get("step", 0)
+            if step <= up_to_step and not (rec.get("kind") == "eval" and step == drop_eval_at):
+                kept.append(line)
         # Resuming in the same folder: drop lines logged after the checkpoint, they will be redone.
         same = self.path.exists() and previous.resolve() == self.path.resolve()
         with open(self.path, "w" if same else "a") as f:

@@ -236,15 +236,18 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
         data_report = record_data_report(data_report, out_dir)
         announce(amp.describe(facts.device))
-    result = trainer.fit()
     primary = trainer.task.primary_metric
-    if result["metrics"]:
-        evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
-                                          cfg.trainer.get("eval_precision", "train"),
-                                          cfg.trainer.get("bootstrap_resamples", 0))
-    else:  # trainer.final_eval=false and no evaluation at the last step: nothing measured
-        evals = {"eval_precision": None,
-                 "primary_metric": {"name": primary, "value": None, "evaluated_in": None, "ci": None}}
+    # One signal handling from the first step to the last evaluation: a stop in any phase leaves a
+    # checkpoint of the last completed step (written before the final evaluation) and one line.
+    with trainer.handling_signals():
+        result = trainer.fit()
+        if result["metrics"]:
+            evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
+                                              cfg.trainer.get("eval_precision", "train"),
+                                              cfg.trainer.get("bootstrap_resamples", 0))
+        else:  # trainer.final_eval=false and no evaluation at the last step: nothing measured
+            evals = {"eval_precision": None,
+                     "primary_metric": {"name": primary, "value": None, "evaluated_in": None, "ci": None}}
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
     peak_mb, peak_kind = peak_memory_mb()
     summary = {

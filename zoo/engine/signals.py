@@ -1,4 +1,11 @@
-"""Ctrl-C and SIGTERM during training: finish the step, save a checkpoint, say how to resume."""
+"""Ctrl-C and SIGTERM during a run: stop at the next safe point, save a checkpoint, say how to resume.
+
+A run's phases (training steps, periodic evaluation, the final evaluation, the FP32 evaluation and
+the drawings) each look at :meth:`StopRequests.check` at their safe points: after a training step,
+before each evaluation batch, between phases. There the first signal becomes
+:class:`StopRequested`, which the trainer turns into a checkpoint of the last completed step and
+:class:`TrainingInterrupted` (one line, exit status 130 / 143).
+"""
 from __future__ import annotations
 
 import logging
@@ -23,30 +30,56 @@ class TrainingInterrupted(KeyboardInterrupt):
         return 128 + int(self.signum)
 
 
+class StopRequested(KeyboardInterrupt):
+    """Raised by :meth:`StopRequests.check` at a safe point after the first signal: the training
+    state is whole (no step half done), so a checkpoint may be written."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopAtOnce(KeyboardInterrupt):
+    """The second signal: raised wherever the program is, so nothing may be saved on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class StopRequests:
-    """Context manager: the first SIGINT/SIGTERM sets :attr:`signum` (the loop stops at the end of
-    its step); a second one raises KeyboardInterrupt at once.
+    """Context manager: the first SIGINT/SIGTERM sets :attr:`signum` (the run stops at its next
+    :meth:`check`); a second one raises :class:`StopAtOnce` at once.
 
     Handlers are only installed in the main thread of a single-process run: under a launcher each
     rank would see the signal at a different step and wait for the others in the checkpoint barrier.
+    ``StopRequests(enabled=False)`` never sees a signal: its :meth:`check` does nothing.
     """
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.signum: int | None = None
+        self.active = False  # inside the ``with`` block with handlers installed
         self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
+            raise StopAtOnce(signum)
         self.signum = signum
-        log.warning("%s received: stopping after this step and saving a checkpoint "
-                    "(send it again to stop at once)", signal.Signals(signum).name)
+        log.warning("%s received: stopping at the next safe point (the end of this training step or "
+                    "evaluation batch) and saving a checkpoint (send it again to stop at once)",
+                    signal.Signals(signum).name)
+
+    def check(self) -> None:
+        """Raise :class:`StopRequested` if a stop signal came; call it only where state is whole."""
+        if self.signum is not None:
+            raise StopRequested(self.signum)
 
     def __enter__(self) -> StopRequests:
         if self.enabled:
             for s in STOP_SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
+            self.active = True
         return self
 
     def __exit__(self, *exc) -> None:
@@ -54,3 +87,4 @@ class StopRequests:
             # None: a handler installed outside Python; it cannot be put back, the default can.
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+        self.active = False

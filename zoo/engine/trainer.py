@@ -15,16 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from zoo.amp.guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
-from zoo.engine.signals import StopRequests, TrainingInterrupted
+from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
 from zoo.utils import distributed as dist
+from zoo.utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +95,11 @@ class Trainer:
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
         self.resume_changes: dict | None = None  # settings that differ from the resumed checkpoint's
+        # What the run is doing (named by the interruption line), and whether an evaluation due at
+        # this step has not finished: a checkpoint written meanwhile says so, and a resume redoes it.
+        self.phase = "training"
+        self.eval_pending = False
+        self.stop = StopRequests(enabled=False)  # replaced by the live one in handling_signals()
         # autocast + forward + loss; paddle.jit.to_static around it when trainer.compile=true
         self.forward_losses = training_forward(task, model, amp, settings.compile)
 
@@ -108,7 +112,8 @@ class Trainer:
                 "amp": self.amp.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
                 "rng": ckpt.rng_state(), "best": self.best, "train_time": self.train_time,
                 "wall_time": self.wall_before_resume + time.time() - self.wall_start,
-                "images_seen": self.images_seen, "config": self.config_yaml}
+                "images_seen": self.images_seen, "config": self.config_yaml,
+                "eval_pending": self.eval_pending}
 
     def load_state_dict(self, state: dict, source: Path) -> None:
         layer = dist.unwrap(self.model)
@@ -124,6 +129,7 @@ class Trainer:
         self.train_time = float(state.get("train_time", 0.0))
         self.wall_before_resume = float(state.get("wall_time", 0.0))  # 0 for checkpoints that predate it
         self.images_seen = int(state.get("images_seen", 0))
+        self.eval_pending = bool(state.get("eval_pending", False))
 
     def save_checkpoint(self) -> None:
         dist.sync_buffers(self.model, self.ema)
@@ -147,57 +153,96 @@ class Trainer:
         self.load_state_dict(state, path)
         self.resumed_from = str(path)
         self.saved_step = self.step
-        self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step)
+        # An evaluation at this step is redone: a pending one, or the final one (a run stopped in
+        # its final evaluation or drawings, or a finished run resumed as it is); keep no old line of it.
+        redo = self.eval_pending or (self.step >= self.settings.max_steps and self.settings.final_eval)
+        self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step,
+                                drop_eval_at=self.step if redo else None)
         log.info("resumed from %s at step %d", path, self.step)
 
     # ---- the loop -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def handling_signals(self):
+        """SIGINT/SIGTERM inside the block stop the run at its next safe point (the end of a training
+        step, an evaluation batch, a phase) with a checkpoint of the last completed step, raising
+        :class:`TrainingInterrupted`. Nested use is the outer block's (run.py spans training, the
+        final evaluations and the drawings with one)."""
+        if self.stop.active:
+            yield self.stop
+            return
+        with StopRequests(enabled=dist.world_size() == 1) as stop:
+            self.stop = stop
+            try:
+                yield stop
+            except TrainingInterrupted:
+                raise
+            except StopRequested as req:  # at a safe point: the state is whole, save it
+                if self.step and self.saved_step != self.step:
+                    self.save_checkpoint()
+                raise self._interrupted(req.signum, saved=self.saved_step == self.step) from None
+            except KeyboardInterrupt as e:  # a second signal, or one outside the handlers' reach
+                raise self._interrupted(getattr(e, "signum", signal.SIGINT), saved=False) from None
+            finally:
+                self.stop = StopRequests(enabled=False)
+
     def fit(self) -> dict:
         """Train (resuming if asked), evaluate at the end (unless ``final_eval`` is off), write the
-        final checkpoint.
+        final checkpoint, draw.
 
-        SIGINT/SIGTERM stop at the end of the current step with a checkpoint and raise
-        :class:`TrainingInterrupted` (see :mod:`zoo.engine.signals`).
+        The checkpoint of the last step is written before the final evaluation, so a stop signal in
+        any phase leaves it: SIGINT/SIGTERM raise :class:`TrainingInterrupted` at the next safe point
+        (:meth:`handling_signals`, :mod:`zoo.engine.signals`), and ``trainer.resume=auto`` continues
+        from there (redoing an unfinished evaluation, never a finished step).
         """
+        with self.handling_signals():
+            return self._fit()
+
+    def _fit(self) -> dict:
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
                                     dist.world_size(), drop_last=True, start_step=self.step,
                                     stop_step=self.settings.max_steps)
         self.steps_per_epoch = sampler.steps_per_epoch
         loader = build_loader(self.train_set, sampler, self.settings.num_workers)
-        bar = tqdm(total=self.settings.max_steps, initial=self.step, disable=not (self.main and self.settings.progress),
-                   desc="train", dynamic_ncols=True)
         self.guard.attach(dist.unwrap(self.model))
         self.model.train()
-        with StopRequests(enabled=dist.world_size() == 1) as stop:
-            try:
-                self._loop(iter(loader), bar, stop)
-            except TrainingInterrupted:
-                raise
-            except KeyboardInterrupt:  # a second signal, or one outside the handlers' reach
-                raise self._interrupted(signal.SIGINT, saved=False) from None
-            except SampleLoadError as e:
-                self._stopped_by_data(e)
-            finally:
-                bar.close()
+        if self.eval_pending and self.step < self.settings.max_steps:  # stopped in this evaluation
+            self.evaluate()
+        # a bar on a terminal; in a redirected log one plain line per log step (trainer.log_every)
+        bar = Progress(total=self.settings.max_steps, initial=self.step, desc="train", unit="steps", every=0,
+                       disable=not (self.main and self.settings.progress))
+        try:
+            self._loop(iter(loader), bar)
+        except SampleLoadError as e:  # the steps done so far are kept: fix the file, then resume
+            self._stopped_by_data(e)
+        finally:
+            bar.close()
         if self.last_eval.get("step") == self.step:
             final = self.last_eval["metrics"]
-        else:  # trainer.final_eval=false: no metrics (timing runs, benchmarks)
+        elif self.settings.final_eval:
+            self.eval_pending = True  # the final checkpoint now, so a stop in the evaluation keeps it
+            self.save_checkpoint()
             try:
-                final = self.evaluate() if self.settings.final_eval else {}
+                final = self.evaluate("final evaluation")
             except SampleLoadError as e:  # a bad validation image must not cost the steps just trained
                 self._stopped_by_data(e)
+        else:  # trainer.final_eval=false: no metrics (timing runs, benchmarks)
+            final = {}
         self.save_checkpoint()
         if self.settings.draw_samples > 0 and self.main:
+            self.phase = "drawing"
+            self.stop.check()
             model = dist.unwrap(self.model)
             with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
                 draw_samples(self.task, model, self.val_set, self.settings.draw_samples,
                              self.out_dir / "drawings", f"step{self.step}")
+            self.stop.check()
         return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
                 "resume_changes": self.resume_changes,
                 "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
                 "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
 
-    def _loop(self, data_iter, bar, stop: StopRequests) -> None:
+    def _loop(self, data_iter, bar) -> None:
         window = {"steps": 0, "time": 0.0, "terms": {}}
         while self.step < self.settings.max_steps:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
@@ -215,10 +260,7 @@ class Trainer:
             bar.update(1)
             self._guard(stepped, bad)
             self._after_step(window, bar)
-            if stop.signum is not None and self.step < self.settings.max_steps:
-                if self.saved_step != self.step:
-                    self.save_checkpoint()
-                raise self._interrupted(stop.signum, saved=True)
+            self.stop.check()  # a signal during the step: save it (handling_signals) and stop
 
     def _stopped_by_data(self, err: SampleLoadError):
         """Re-raise a sample that failed to load, the steps done so far kept: fix the file, then resume.
@@ -242,7 +284,8 @@ class Trainer:
         else:
             where = "no checkpoint saved yet"
         hint = ", resume with trainer.resume=auto" if self.saved_step is not None else ""
-        return TrainingInterrupted(f"interrupted at step {self.step}; {where}{hint}", signum)
+        during = "" if self.phase == "training" else f" ({self.phase})"
+        return TrainingInterrupted(f"interrupted at step {self.step}{during}; {where}{hint}", signum)
 
     def train_step(self, batch) -> tuple[dict[str, float], bool, list[str]]:
         """Forward, backward, optimizer step: the same calls whatever the precision.
@@ -288,9 +331,9 @@ class Trainer:
                        skipped_steps=self.amp.skipped_steps, epoch=self.step / self.steps_per_epoch,
                        time=time.time(), images_per_s=images / max(window["time"], 1e-9))
             self.metrics.write("train", self.step, **rec)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
-                            scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
-                            ips=f"{rec['images_per_s']:.1f}")
+            bar.report(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
+                       scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
+                       ips=f"{rec['images_per_s']:.1f}")
             window.update(steps=0, time=0.0, terms={})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:  # hook 3: eval
             self.evaluate()
@@ -298,14 +341,18 @@ class Trainer:
             self.save_checkpoint()
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Evaluate (EMA weights when EMA is on), log, and keep the best weights."""
+    def evaluate(self, phase: str = "evaluation") -> dict[str, float]:
+        """Evaluate (EMA weights when EMA is on), log, and keep the best weights.
+
+        Until it finishes, :attr:`eval_pending` is set (a checkpoint written on a stop signal in it
+        records that this step's evaluation is still to do)."""
+        self.phase, self.eval_pending = phase, True
         model = dist.unwrap(self.model)
         dist.sync_buffers(model, self.ema)
         weights = self.ema.applied(model) if self.ema is not None else contextlib.nullcontext()
         with weights:
             metrics = evaluate(model, self.task, self.amp, self.val_set, self.eval_batch_size,
-                               self.settings.num_workers, self.settings.progress)
+                               self.settings.num_workers, self.settings.progress, stop=self.stop)
             primary = metrics[self.task.primary_metric]
             if not self.best or primary > self.best["value"]:
                 self.best = {"step": self.step, "value": primary, "metric": self.task.primary_metric}
@@ -314,6 +361,7 @@ class Trainer:
         model.train()
         self.metrics.write("eval", self.step, **metrics)
         self.last_eval = {"step": self.step, "metrics": metrics}
+        self.phase, self.eval_pending = "training", False
         if self.main:
             log.info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return metrics

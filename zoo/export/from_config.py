@@ -15,7 +15,7 @@ import paddle
 
 import zoo
 from zoo.engine.checkpoint import check_fits
-from zoo.engine.evaluate_run import resolve_weights
+from zoo.engine.from_run import resolve_weights, run_source
 from zoo.engine.run import build, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.common import ExportError
@@ -162,7 +162,8 @@ def _onnx(ex, out_dir: Path, stored: str, prefix: str) -> tuple[Path | None, str
 
 
 def _load(cfg):
-    """The model of ``cfg.model.net`` with ``cfg.weights`` loaded, and where its weights came from."""
+    """The model of ``cfg.model.net`` with ``cfg.run`` (or its older name ``cfg.weights``) loaded,
+    and where its weights came from."""
     if cfg.model.net.get("name") not in zoo.list_models():
         raise ExportError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
                           f"known: {', '.join(zoo.list_models())}")
@@ -170,10 +171,12 @@ def _load(cfg):
     model = build(cfg.model.net, "model.net")
     source = "model initialisation" + (f" (pretrained={cfg.model.net.pretrained})"
                                        if cfg.model.net.get("pretrained") else " (random)")
-    if cfg.get("weights"):
-        if not Path(str(cfg.weights)).exists():
-            raise ExportError(f"weights: {cfg.weights} does not exist (a run folder, .pdckpt or .pdparams)")
-        weights, source = resolve_weights(cfg.weights)
+    given = run_source(cfg, "weights")
+    if given is not None:
+        key, value = given
+        if not Path(value).exists():
+            raise ExportError(f"{key}: {value} does not exist (a run folder, .pdckpt or .pdparams)")
+        weights, source = resolve_weights(value, key)
         check_fits(model, weights, source, f"model {cfg.model.name}")
         model.set_state_dict(weights)
     return model, source
@@ -183,7 +186,8 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     """tools/export.py's body: build ``cfg.model``, load ``cfg.weights``, check a low precision, export;
     returns the export record.
 
-    ``cfg.weights``: a run folder, ``.pdckpt`` or ``.pdparams`` (as tools/eval.py), or null for the
+    ``cfg.run`` (older name ``cfg.weights``): a run folder, ``.pdckpt`` or ``.pdparams`` (as
+    tools/eval.py; zoo/engine/from_run.py), or null for the
     model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
     input_shape, precision, store, guard, check, layout, onnx (auto|true|false), opset, model_name,
     limit_side_len, limit_type, label_list, draw_threshold (configs/export.yaml). For fp16 / bf16 the

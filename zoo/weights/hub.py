@@ -262,7 +262,7 @@ def _open(url: str, have: int, timeout: float, validator: str | None = None):
 
 def _fetch_once(url: str, part: Path, timeout: float, progress: bool | None) -> None:
     """One HTTP request writing or appending to ``part``; raises :class:`_Retry` on transient failures."""
-    from tqdm import tqdm
+    from zoo.utils.progress import Progress
 
     have, validator = _resume_point(url, part)
     with _open(url, have, timeout, validator) as response:
@@ -292,9 +292,9 @@ def _fetch_once(url: str, part: Path, timeout: float, progress: bool | None) -> 
             raise DownloadError(f"no space left for {url}: needs {total - start} bytes in {part.parent}, "
                                 f"{free} free")
         received = start
-        with open(part, "ab" if start else "wb") as f, tqdm(
-                total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
-                desc=part.name[:-len(".part")], disable=None if progress is None else not progress) as bar:
+        with open(part, "ab" if start else "wb") as f, Progress(
+                total=total, initial=start, unit="B", unit_scale=True, leave=False,
+                desc=part.name[:-len(".part")], disable=progress is False) as bar:
             while True:
                 try:
                     chunk = response.read(_CHUNK)

@@ -133,10 +133,10 @@ def generate_dataset(out_dir: Path, num_train: int, num_val: int, image_size: in
     is drawn from ``default_rng((seed, split_id, i))``, so output is
     byte-identical for identical parameters.
     """
-    from tqdm import tqdm
+    from zoo.utils.progress import Progress
 
     total = num_train + num_val
-    with tqdm(total=total, desc="generating synthetic shapes", unit="img",
+    with Progress(total=total, desc="generating synthetic shapes", unit="img",
               disable=total <= 300, leave=False) as bar:
         for split_id, (split, count) in enumerate((("train", num_train), ("val", num_val))):
             (out_dir / split).mkdir(parents=True)

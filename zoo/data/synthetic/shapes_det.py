@@ -176,12 +176,12 @@ def render_detection_image(rng: np.random.Generator, size: int = 256, max_object
 def generate_dataset(out_dir: Path, num_train: int, num_val: int, image_size: int, max_objects: int,
                      min_size: float, max_size: float, seed: int) -> None:
     """Write ``train/*.jpg``, ``val/*.jpg`` and ``annotations/instances_{train,val}.json`` into ``out_dir``."""
-    from tqdm import tqdm
+    from zoo.utils.progress import Progress
 
     categories = [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(DET_SHAPE_NAMES)]
     (out_dir / "annotations").mkdir(parents=True)
     total = num_train + num_val
-    with tqdm(total=total, desc="generating synthetic detection set", unit="img", disable=total <= 200,
+    with Progress(total=total, desc="generating synthetic detection set", unit="img", disable=total <= 200,
               leave=False) as bar:
         for split_id, (split, count) in enumerate((("train", num_train), ("val", num_val))):
             (out_dir / split).mkdir()

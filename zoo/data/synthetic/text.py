@@ -194,10 +194,10 @@ def render_text_image(rng: np.random.Generator, h: int, w: int, max_instances: i
 def generate_dataset(out_dir: Path, num_train: int, num_val: int, height: int, width: int,
                      max_instances: int, seed: int) -> None:
     """Write ``train/*.jpg``, ``val/*.jpg``, ``train_label.txt`` and ``val_label.txt`` into ``out_dir``."""
-    from tqdm import tqdm
+    from zoo.utils.progress import Progress
 
     total = num_train + num_val
-    with tqdm(total=total, desc="generating synthetic text", unit="img", disable=total <= 200, leave=False) as bar:
+    with Progress(total=total, desc="generating synthetic text", unit="img", disable=total <= 200, leave=False) as bar:
         for split_id, (split, count) in enumerate((("train", num_train), ("val", num_val))):
             (out_dir / split).mkdir(parents=True)
             lines = []
