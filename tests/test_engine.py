@@ -76,7 +76,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, mo
     # Emulated fp16 with a scale that overflows at first: the resumed run must continue the
     # loss-scale trajectory (scaler state in the checkpoint), not restart it.
     over = ["trainer.max_steps=6", "trainer.ckpt_every=3", "trainer.ema_decay=0.8", "seed=3", "amp=O1",
-            f"amp.init_loss_scaling={2.0**22}", "amp.incr_every_n_steps=2"]
+            f"amp.init_loss_scaling={2.0**18}", "amp.incr_every_n_steps=2"]  # 2**22 skipped all 6
     full = train(tiny_cfg(*over), tmp_path / "runs" / "full")
 
     # Same run, killed during step 5 (after the checkpoint at step 3 was written).
@@ -98,7 +98,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_cfg, tmp_path, mo
     assert resumed["resumed_from"].endswith("a_killed/checkpoints/last.pdckpt")
     assert _losses(tmp_path / "runs2" / "b_resumed") == _losses(tmp_path / "runs" / "full")
     assert resumed["param_digests"] == full["param_digests"]
-    assert resumed["final_loss_scale"] == full["final_loss_scale"] and full["skipped_steps"] > 0
+    assert resumed["final_loss_scale"] == full["final_loss_scale"] and 0 < full["skipped_steps"] < 6
     assert resumed["metrics"] == full["metrics"]
     # its wall time counts the killed segment too (the checkpoint carries the time so far)
     seg = ckpt.load(tmp_path / "runs2" / "a_killed" / "checkpoints" / ckpt.LAST)["wall_time"]
