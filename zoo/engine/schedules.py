@@ -11,6 +11,24 @@ from collections.abc import Sequence
 
 import paddle.optimizer.lr as lr
 
+from zoo.utils.checks import COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, Bound, check
+
+# The schedules' numbers (configs/sched/*.yaml); zoo/engine/run.py checks them, as sched.<key>, with
+# the rest of a run's config, and each schedule checks the ones it is given.
+SETTINGS = {
+    "warmup_steps": COUNT_OR_ZERO,
+    "warmup_epochs": NON_NEGATIVE.but(nullable=True),
+    "warmup_start_factor": PROBABILITY.but(note="of the base LR"),
+    "eta_min": NON_NEGATIVE,
+    "horizon": Bound(1, note="cosine period / run length"),
+    "gamma": POSITIVE,
+}
+
+
+def _numbers(**values) -> None:
+    for key, value in values.items():
+        check(f"sched.{key}", value, SETTINGS[key])
+
 
 def _warmup(sched, base_lr: float, warmup_steps: int, warmup_start_factor: float):
     if warmup_steps <= 0:
@@ -28,6 +46,7 @@ def _check(total_steps: int, warmup_steps: int) -> None:
 def constant(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_steps: int = 0,
              warmup_start_factor: float = 0.0):
     """Constant LR (PaddleOCR's DB recipes), after an optional warm-up."""
+    _numbers(warmup_steps=warmup_steps, warmup_start_factor=warmup_start_factor)
     _check(total_steps, warmup_steps)
     return _warmup(lr.PiecewiseDecay([total_steps + 1], [base_lr, base_lr]), base_lr, warmup_steps,
                    warmup_start_factor)
@@ -42,10 +61,10 @@ def cosine(base_lr: float, total_steps: int, steps_per_epoch: int, warmup_steps:
     ``horizon * total_steps``, so the run stops before the LR reaches ``eta_min``: PaddleDetection's
     ppyoloe_crn_s_300e_coco trains 300 epochs on a CosineDecay of max_epochs 360 (horizon 1.2).
     """
+    _numbers(warmup_steps=warmup_steps, warmup_epochs=warmup_epochs, warmup_start_factor=warmup_start_factor,
+             eta_min=eta_min, horizon=horizon)
     if warmup_epochs is not None:
         warmup_steps = int(round(float(warmup_epochs) * steps_per_epoch))
-    if horizon < 1.0:
-        raise ValueError(f"sched.horizon: expected >= 1.0 (cosine period / run length), got {horizon}")
     _check(total_steps, warmup_steps)
     period = int(round(horizon * total_steps)) - warmup_steps
     return _warmup(lr.CosineAnnealingDecay(base_lr, T_max=max(period, 1), eta_min=eta_min),
@@ -56,6 +75,7 @@ def piecewise(base_lr: float, total_steps: int, steps_per_epoch: int,
               boundary_epochs: Sequence[float] = (), boundary_steps: Sequence[int] = (),
               gamma: float = 0.1, warmup_steps: int = 0, warmup_start_factor: float = 0.0):
     """Multiply the LR by ``gamma`` at each boundary (given in epochs or in steps, not both)."""
+    _numbers(warmup_steps=warmup_steps, warmup_start_factor=warmup_start_factor, gamma=gamma)
     _check(total_steps, warmup_steps)
     if boundary_epochs and boundary_steps:
         raise ValueError("sched: give boundary_epochs or boundary_steps, not both")
