@@ -313,3 +313,15 @@ def test_parity_ppyoloe_s_ft_is_the_quick_run_fine_tuned_from_one_base():
                            "data.builder.num_val": (200, 500)}
     with pytest.raises(Exception, match="finetune_from"):
         OmegaConf.to_container(compose(["experiment=parity_ppyoloe_s_ft"]), resolve=True, throw_on_missing=True)
+
+
+def test_every_numeric_rule_names_a_key_of_some_config():
+    """validate() skips a rule whose key the config lacks: a misspelt rule would check nothing."""
+    from zoo.engine.run import SETTINGS
+
+    composed = [compose([f"model={model}", "amp=O1"]) for model in options("model")]
+    composed += [compose(["model=resnet_tiny", f"{group}={choice}"]) for group in ("optim", "sched")
+                 for choice in options(group)]
+    composed += [compose([f"experiment={experiment}"]) for experiment in options("experiment")]  # real data sets
+    keys = {k for cfg in composed for k in _flat(OmegaConf.to_container(cfg, resolve=False))}
+    assert sorted(set(SETTINGS) - keys) == []
