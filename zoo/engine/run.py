@@ -11,6 +11,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
 from zoo.engine.schedules import SETTINGS as SCHED_SETTINGS
+from zoo.engine.schedules import clipped_warmup_message
 from zoo.engine.trainer import SETTINGS as TRAINER_SETTINGS
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.utils import distributed as dist
@@ -173,6 +175,8 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     base = cfg.optim.get("base_batch_size")
     lr = float(cfg.optim.lr) * (global_batch / base if base else 1.0)
     sched = build(cfg.sched, "sched")(base_lr=lr, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+    if getattr(sched, "warmup_clipped", None) and dist.is_main():
+        announce(clipped_warmup_message(sched.warmup_clipped), sys.stderr, logging.WARNING)
     clip = cfg.optim.get("grad_clip_norm")
     grad_clip = paddle.nn.ClipGradByGlobalNorm(float(clip)) if clip else None
     opt = build(cfg.optim.optimizer, "optim.optimizer")(learning_rate=sched, parameters=model.parameters(),
@@ -191,6 +195,7 @@ class RunFacts:
     data_version: dict
     pretrained: dict | None          # load report of model.net.pretrained
     data_report: dict | None         # skipped samples per split (counts, then messages)
+    warmup_clipped: dict | None = None  # the schedule's warm-up, shortened to fit the run (schedules.py)
 
 
 def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
@@ -231,7 +236,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard)
     facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
                      data_version=provenance.dataset_version(train_set),
-                     pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report)
+                     pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report,
+                     warmup_clipped=getattr(sched, "warmup_clipped", None))
     return trainer, facts
 
 
@@ -288,7 +294,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "requested_precision": amp.requested, "effective_precision": amp.effective,
         "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
         "compiled": compiled, "compiled_scope": COMPILED_SCOPE if compiled else None,
-        "batch_size_per_rank": cfg.model.batch_size,
+        "batch_size_per_rank": cfg.model.batch_size, "warmup_clipped": facts.warmup_clipped,
         "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": facts.lr,
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
         "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
