@@ -70,6 +70,18 @@ def test_non_finite_and_negative_settings_are_refused_by_key(tmp_path, capsys, o
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["amp.custom_black_list=[exp,reduce_men]"], "amp.custom_black_list: unknown op 'reduce_men'; did you mean 'reduce_mean'?"),
+    (["amp.custom_white_list=[conv2]"], "amp.custom_white_list: unknown op 'conv2'; did you mean 'conv2d'?"),
+    (["amp.custom_black_list=[Exp]"], "amp.custom_black_list: unknown op 'Exp'; did you mean 'exp'?"),
+    (["amp.custom_black_list=[anytypo]"], "amp.custom_black_list: unknown op 'anytypo'; "),
+])
+def test_unknown_op_names_in_the_amp_lists_are_refused(tmp_path, capsys, overrides, message):
+    """auto_cast ignores an op name it never meets, so a typo in a recipe's list would change nothing."""
+    status, err = _run(compose([*TINY, "amp=O1", *overrides]), tmp_path / "run", capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {message}"), err
+
+
 def test_lr_nan_from_the_command_line_is_one_line_and_exit_2(tmp_path, ampzoo_home):
     from conftest import run_tool
 

@@ -22,7 +22,13 @@ import logging
 import paddle
 
 from zoo.amp.capability import DeviceInfo
-from zoo.amp.emulation import Emulation, low_precision_parameters, mark_o2_parameters, round_parameter_grads
+from zoo.amp.emulation import (
+    Emulation,
+    low_precision_parameters,
+    mark_o2_parameters,
+    round_parameter_grads,
+    unknown_op,
+)
 from zoo.amp.guard import NumericsGuard
 from zoo.amp.scaler import load_scaler_state, make_grad_scaler, scale_loss
 from zoo.utils.checks import COUNT, POSITIVE, Bound, check_table, prefixed
@@ -95,6 +101,9 @@ class Amp:
         check_table(lambda key: scaler[key.removeprefix("amp.")], prefixed("amp.", SETTINGS), AmpConfigError)
         for key, lst in (("custom_white_list", custom_white_list), ("custom_black_list", custom_black_list)):
             _check(all(isinstance(op, str) for op in lst), key, "a list of Paddle op names", list(lst))
+            for op in lst:  # Paddle ignores a name it never meets: a typo would silently change nothing
+                if (problem := unknown_op(op)) is not None:
+                    raise AmpConfigError(f"amp.{key}: {problem}")
         self.name = name
         self.enabled = enabled and level != "O0"
         self.level, self.dtype = level, dtype
