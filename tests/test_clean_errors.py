@@ -30,13 +30,67 @@ def _run(cfg, out_dir, capsys):
     ([*TINY, "seed=abc"], "error: seed: expected a non-negative integer, got 'abc'"),
     ([*TINY, "trainer.num_workers=-1"], "error: trainer.num_workers: expected an integer >= 0"),
     ([*TINY, "trainer.max_steps=abc"], "error: trainer.max_steps: expected a positive integer, got 'abc'"),
-    ([*TINY, "trainer.epochs=soon"], "error: trainer.epochs: expected a positive number or null"),
+    ([*TINY, "trainer.epochs=soon"], "error: trainer.epochs: expected null or a finite number > 0"),
     (["model=db_det", "data.builder.keep_freed_memory=lots"], "error: data.builder.keep_freed_memory: expected true"),
 ])
 def test_bad_values_are_one_line_with_status_2(tmp_path, capsys, overrides, expect):
     status, err = _run(compose(overrides), tmp_path / "run", capsys)
     assert status == 2 and err.strip().splitlines() == [err.strip().splitlines()[0]]
     assert err.startswith(expect), err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lr=nan"], "optim.lr: expected a finite number > 0, got nan"),
+    (["optim.lr=inf"], "optim.lr: expected a finite number > 0, got inf"),
+    (["optim.lr=-inf"], "optim.lr: expected a finite number > 0, got -inf"),
+    (["optim.grad_clip_norm=-1"], "optim.grad_clip_norm: expected null or a finite number > 0 (null = no clipping), got -1"),
+    (["optim.grad_clip_norm=inf"], "optim.grad_clip_norm: expected null or a finite number > 0 (null = no clipping), got inf"),
+    (["optim=momentum", "optim.optimizer.weight_decay=-1e-4"],
+     "optim.optimizer.weight_decay: expected null or a finite number >= 0, got -0.0001"),
+    (["optim=momentum", "optim.optimizer.momentum=nan"], "optim.optimizer.momentum: expected a finite number in [0, 1), got nan"),
+    (["optim.optimizer.beta2=1"], "optim.optimizer.beta2: expected a finite number in [0, 1), got 1"),
+    (["amp=O1", "amp.init_loss_scaling=inf"], "amp.init_loss_scaling: expected a finite number > 0, got inf"),
+    (["amp=O1", "amp.incr_ratio=nan"], "amp.incr_ratio: expected a finite number > 1, got nan"),
+    (["amp=O1", "amp.decr_ratio=1"], "amp.decr_ratio: expected a finite number in (0, 1), got 1"),
+    (["amp=O1", "amp.incr_every_n_steps=2.5"], "amp.incr_every_n_steps: expected a positive integer, got 2.5"),
+    (["amp=O1", "amp.decr_every_n_nan_or_inf=0"], "amp.decr_every_n_nan_or_inf: expected a positive integer, got 0"),
+    (["amp=O1", "amp.guard.min_loss_scale=-1"], "amp.guard.min_loss_scale: expected a finite number >= 0, got -1"),
+    (["trainer.ema_decay=1"], "trainer.ema_decay: expected null or a finite number in [0, 1) (null or 0 = no EMA), got 1"),
+    (["trainer.epochs=inf"], "trainer.epochs: expected null or a finite number > 0, got inf"),
+    (["sched.warmup_start_factor=nan"], "sched.warmup_start_factor: expected a finite number in [0, 1] (of the base LR), got nan"),
+    (["sched.warmup_steps=-1"], "sched.warmup_steps: expected an integer >= 0, got -1"),
+    (["sched.horizon=inf"], "sched.horizon: expected a finite number >= 1 (cosine period / run length), got inf"),
+    (["model.task.label_smoothing=-0.1"], "model.task.label_smoothing: expected a finite number in [0, 1), got -0.1"),
+    # a number without a rule of its own: still never nan or inf
+    (["data.builder.image_size=inf"], "data.builder.image_size: expected a finite number, got inf"),
+])
+def test_non_finite_and_negative_settings_are_refused_by_key(tmp_path, capsys, overrides, message):
+    """nan <= 0 is false: every numeric setting is checked for finiteness first, then its bounds."""
+    status, err = _run(compose([*TINY, *overrides]), tmp_path / "run", capsys)
+    assert (status, err.strip().splitlines()) == (2, [f"error: {message}"])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before training
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["amp.custom_black_list=[exp,reduce_men]"], "amp.custom_black_list: unknown op 'reduce_men'; did you mean 'reduce_mean'?"),
+    (["amp.custom_white_list=[conv2]"], "amp.custom_white_list: unknown op 'conv2'; did you mean 'conv2d'?"),
+    (["amp.custom_black_list=[Exp]"], "amp.custom_black_list: unknown op 'Exp'; did you mean 'exp'?"),
+    (["amp.custom_black_list=[anytypo]"], "amp.custom_black_list: unknown op 'anytypo'; "),
+])
+def test_unknown_op_names_in_the_amp_lists_are_refused(tmp_path, capsys, overrides, message):
+    """auto_cast ignores an op name it never meets, so a typo in a recipe's list would change nothing."""
+    status, err = _run(compose([*TINY, "amp=O1", *overrides]), tmp_path / "run", capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {message}"), err
+
+
+def test_lr_nan_from_the_command_line_is_one_line_and_exit_2(tmp_path, ampzoo_home):
+    from conftest import run_tool
+
+    out = run_tool(["tools/train.py", *TINY, "optim.lr=nan", f"hydra.run.dir={tmp_path / 'run'}"], ROOT,
+                   {"AMPZOO_HOME": str(ampzoo_home)})
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1:] == [
+        "error: optim.lr: expected a finite number > 0, got nan"], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()
 
 
 def test_disk_full_names_the_file(tiny_cfg, tmp_path, capsys):

@@ -350,3 +350,28 @@ def test_ppyoloe_s_quick_run_is_the_schedule_measured_above_its_bar():
         "tal_topk": cfg.model.task.loss.tal_topk, "static_assigner_epoch": cfg.model.task.loss.static_assigner_epoch,
     }
     assert composed == measured
+
+
+def test_every_numeric_rule_names_a_key_of_some_config():
+    """validate() skips a rule whose key the config lacks: a misspelt rule would check nothing."""
+    from zoo.engine.run import SETTINGS
+
+    composed = [compose([f"model={model}", "amp=O1"]) for model in options("model")]
+    composed += [compose(["model=resnet_tiny", f"{group}={choice}"]) for group in ("optim", "sched")
+                 for choice in options(group)]
+    composed += [compose([f"experiment={experiment}"]) for experiment in options("experiment")]  # real data sets
+    keys = {k for cfg in composed for k in _flat(OmegaConf.to_container(cfg, resolve=False))}
+    assert sorted(set(SETTINGS) - keys) == []
+
+
+@pytest.mark.parametrize("recipe", sorted(p.relative_to(GROUPS / "recipe").with_suffix("").as_posix()
+                                          for p in (GROUPS / "recipe").glob("*/*.yaml")))
+def test_every_recipe_validates_and_its_op_lists_name_known_ops(recipe):
+    from zoo.amp.emulation import known_op_names
+    from zoo.engine.run import validate
+
+    model, amp = recipe.split("/")
+    cfg = compose([f"model={model}", f"amp={amp}"])
+    validate(cfg)
+    built = instantiate(cfg.amp)  # refuses an op name neither Paddle's AMP lists nor its registry know
+    assert set(built.black) | set(built.white) <= known_op_names()

@@ -185,8 +185,46 @@ def test_schedule_warmup_and_piecewise():
         seen.append(w.last_lr)
         w.step()
     assert seen[0] == 0.0 and np.isclose(seen[2], 0.5) and np.isclose(seen[4], 1.0) and seen[9] < 0.1
-    with pytest.raises(ValueError, match="warmup_steps"):
-        schedules.constant(0.1, total_steps=5, steps_per_epoch=5, warmup_steps=5)
+    assert w.warmup_clipped is None  # a warm-up that fits is left as it is
+    with pytest.raises(ValueError, match="sched.warmup_steps: expected an integer >= 0, got -1"):
+        schedules.constant(0.1, total_steps=5, steps_per_epoch=5, warmup_steps=-1)
+
+
+@pytest.mark.parametrize("make", ["constant", "cosine", "piecewise"])
+def test_a_warmup_as_long_as_the_run_is_clipped_to_half_of_it(make):
+    """trainer.max_steps=10 under a 10- or 20-step warm-up: the LR reaches the base LR at step 5."""
+    from zoo.engine import schedules
+
+    extra = {"boundary_steps": [8]} if make == "piecewise" else {}
+    for warmup in (10, 20):
+        s = getattr(schedules, make)(1.0, total_steps=10, steps_per_epoch=5, warmup_steps=warmup,
+                                     warmup_start_factor=0.0, **extra)
+        assert s.warmup_clipped == {"key": "sched.warmup_steps", "configured": warmup, "configured_steps": warmup,
+                                    "used_steps": 5, "total_steps": 10}
+        lrs = []
+        for _ in range(10):
+            lrs.append(s.last_lr)
+            s.step()
+        assert lrs[0] == 0.0 and np.isclose(lrs[4], 0.8) and np.isclose(lrs[5], 1.0)
+    epochs = schedules.cosine(1.0, total_steps=10, steps_per_epoch=5, warmup_epochs=3)
+    assert epochs.warmup_clipped["key"] == "sched.warmup_epochs" and epochs.warmup_clipped["configured_steps"] == 15
+    assert schedules.clipped_warmup_message(epochs.warmup_clipped) == (
+        "warning: sched.warmup_epochs: a warm-up of 3 epochs (= 15 steps) is not shorter than the run (10 steps); "
+        "clipped to 5 steps, half the run (summary.json: warmup_clipped)")
+    one = schedules.cosine(1.0, total_steps=1, steps_per_epoch=5, warmup_steps=10)
+    assert one.warmup_clipped["used_steps"] == 0 and one.last_lr == 1.0  # a one-step run: no warm-up at all
+
+
+def test_a_clipped_warmup_is_one_warning_line_and_recorded(tiny_cfg, tmp_path, capsys):
+    summary = train(tiny_cfg("sched.warmup_steps=10"), tmp_path)  # TINY: trainer.max_steps=4
+    err = capsys.readouterr().err
+    warnings = [ln for ln in err.splitlines() if "warmup" in ln]
+    assert warnings == ["warning: sched.warmup_steps: a warm-up of 10 steps is not shorter than the run (4 steps); "
+                        "clipped to 2 steps, half the run (summary.json: warmup_clipped)"], err
+    assert summary["warmup_clipped"] == {"key": "sched.warmup_steps", "configured": 10, "configured_steps": 10,
+                                         "used_steps": 2, "total_steps": 4}
+    assert json.loads((tmp_path / "summary.json").read_text())["warmup_clipped"] == summary["warmup_clipped"]
+    assert train(tiny_cfg(), tmp_path / "fits")["warmup_clipped"] is None
 
 
 def test_cosine_warmup_epochs_and_horizon():

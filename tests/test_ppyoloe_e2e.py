@@ -53,7 +53,7 @@ def test_ppyoloe_o2_recipes_train_with_finite_losses(amp, effective, tmp_path):
     (["data.builder.min_size=90", "data.builder.max_size=20"], r"data.builder.min_size / max_size: need 4 <= "),
     (["+model.task.nms.iou=0.5"], r"model.task.nms: unknown keys \['iou'\]"),
     (["+model.task.loss.topk=3"], r"model.task.loss: .*topk"),
-    (["sched.horizon=0.5"], r"sched.horizon: expected >= 1.0"),
+    (["sched.horizon=0.5"], r"sched.horizon: expected a finite number >= 1 "),
 ])
 def test_bad_ppyoloe_settings_fail_naming_the_key(override, message, tmp_path):
     from zoo.engine.run import build_trainer

@@ -80,6 +80,19 @@ def test_sweep_runs_two_at_a_time_skips_done_jobs_and_names_a_failure(tmp_path, 
             "(it had nothing else, the sweep wants ['optim.lr=0.5']") in other.stderr
 
 
+def test_a_sweep_where_nothing_completed_says_so_instead_of_the_report_command(tmp_path, ampzoo_home):
+    sweep = tmp_path / "sweep"
+    out = run_tool(["tools/sweep.py", "--jobs", "2", "--dir", str(sweep), *TINY, "amp=O8,O9"], ROOT,
+                   {"AMPZOO_HOME": str(ampzoo_home)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert "report:" not in out.stdout and "tools/report.py" not in out.stdout
+    assert lines[-3:] == [f"failed: amp=O8 (log {sweep / 'logs' / 'amp=O8.log'})",
+                          f"failed: amp=O9 (log {sweep / 'logs' / 'amp=O9.log'})",
+                          f"nothing completed: no job of {sweep} has a summary.json to report; see the logs above"]
+    assert "0 of 2 job(s) completed" in out.stdout
+
+
 @pytest.mark.slow
 def test_sigterm_stops_jobs_at_a_checkpoint_and_the_same_command_resumes(tmp_path, ampzoo_home):
     sweep = tmp_path / "sweep"

@@ -6,7 +6,8 @@ every precision of a seed finishes together) and runs the jobs ``--jobs`` at a t
 2-core machine), each in ``<dir>/<key=value_key=value...>`` with its log in ``<dir>/logs``. Run the same
 command again to continue: completed jobs are skipped, interrupted ones resume from their
 checkpoint. A failed job does not stop the others; it is named at the end with its log.
-Then ``python tools/report.py <dir>``.
+Then ``python tools/report.py <dir>`` (the last line says so, or, when no job of the sweep has
+completed, that nothing completed).
 Exit status: 0 every job completed, 1 some failed, 2 bad command line, 130 / 143 stopped by Ctrl-C /
 SIGTERM (the running jobs checkpoint first).
 """

@@ -22,9 +22,16 @@ import logging
 import paddle
 
 from zoo.amp.capability import DeviceInfo
-from zoo.amp.emulation import Emulation, low_precision_parameters, mark_o2_parameters, round_parameter_grads
+from zoo.amp.emulation import (
+    Emulation,
+    low_precision_parameters,
+    mark_o2_parameters,
+    round_parameter_grads,
+    unknown_op,
+)
 from zoo.amp.guard import NumericsGuard
 from zoo.amp.scaler import load_scaler_state, make_grad_scaler, scale_loss
+from zoo.utils.checks import COUNT, POSITIVE, Bound, check_table, prefixed
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,18 @@ LEVELS = ("O0", "O1", "O2")
 DTYPES = ("float16", "bfloat16")
 ON_UNSUPPORTED = ("fp32", "error", "emulate")
 _SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+# The loss scaler's numbers (configs/amp/*.yaml), as paddle.amp.GradScaler needs them: a scale that
+# starts positive, grows (> 1) and shrinks (in (0, 1)) by finite ratios, every whole number of steps.
+# Also checked, as amp.<key>, with the rest of a run's config before anything is built (zoo/engine/run.py).
+SETTINGS = {
+    "init_loss_scaling": POSITIVE,
+    "incr_ratio": Bound(1, low_inclusive=False),
+    "decr_ratio": Bound(0, 1, low_inclusive=False),
+    "incr_every_n_steps": COUNT,
+    "decr_every_n_nan_or_inf": COUNT,
+}
 
 
 class AmpConfigError(ValueError):
@@ -77,14 +96,14 @@ class Amp:
         _check(dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}", dtype)
         _check(on_unsupported in ON_UNSUPPORTED, "on_unsupported",
                f"one of {', '.join(ON_UNSUPPORTED)}", on_unsupported)
-        _check(float(init_loss_scaling) > 0, "init_loss_scaling", "a positive number", init_loss_scaling)
-        _check(float(incr_ratio) > 1.0, "incr_ratio", "a number > 1", incr_ratio)
-        _check(0.0 < float(decr_ratio) < 1.0, "decr_ratio", "a number in (0, 1)", decr_ratio)
-        _check(int(incr_every_n_steps) >= 1, "incr_every_n_steps", "an integer >= 1", incr_every_n_steps)
-        _check(int(decr_every_n_nan_or_inf) >= 1, "decr_every_n_nan_or_inf", "an integer >= 1",
-               decr_every_n_nan_or_inf)
+        scaler = dict(init_loss_scaling=init_loss_scaling, incr_ratio=incr_ratio, decr_ratio=decr_ratio,
+                      incr_every_n_steps=incr_every_n_steps, decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
+        check_table(lambda key: scaler[key.removeprefix("amp.")], prefixed("amp.", SETTINGS), AmpConfigError)
         for key, lst in (("custom_white_list", custom_white_list), ("custom_black_list", custom_black_list)):
             _check(all(isinstance(op, str) for op in lst), key, "a list of Paddle op names", list(lst))
+            for op in lst:  # Paddle ignores a name it never meets: a typo would silently change nothing
+                if (problem := unknown_op(op)) is not None:
+                    raise AmpConfigError(f"amp.{key}: {problem}")
         self.name = name
         self.enabled = enabled and level != "O0"
         self.level, self.dtype = level, dtype

@@ -86,6 +86,46 @@ _FLOAT = (paddle.float32, paddle.float64)
 _state = threading.local()
 
 
+@functools.lru_cache(maxsize=1)
+def amp_op_names() -> frozenset[str]:
+    """The op names of Paddle's AMP lists (white and black, every dtype and level, and the static
+    gray list of ops that follow their inputs) and the ops this emulation wraps, under both names."""
+    from paddle.static.amp import fp16_lists
+
+    names = set(WRAPPED_OPS) | set(ALIASES) | set(ALIASES.values()) | set(fp16_lists.gray_list)
+    for lists in (paddle.amp.white_list(), paddle.amp.black_list()):
+        for by_level in lists.values():
+            for ops in by_level.values():
+                names |= set(ops)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=1)
+def known_op_names() -> frozenset[str]:
+    """Every name a custom white / black list may hold: :func:`amp_op_names` plus the ops Paddle has
+    registered (its op protos and ``_C_ops`` functions). ``auto_cast`` takes any op name and ignores
+    one it never meets, so a misspelt entry changes nothing, silently; names outside this set are
+    refused instead (:func:`unknown_op`)."""
+    from paddle.base import core
+
+    registered = set(getattr(core, "get_all_op_names", lambda: [])())
+    registered |= {n for n in dir(_C_ops) if not n.startswith("_")}
+    return amp_op_names() | frozenset(registered)
+
+
+def unknown_op(name: str) -> str | None:
+    """None for a known op name, else ``unknown op 'x'; did you mean 'y'?`` (the closest known name)."""
+    import difflib
+
+    if name in known_op_names():
+        return None
+    close = difflib.get_close_matches(name, sorted(amp_op_names()), 1) or difflib.get_close_matches(
+        name, sorted(n for n in known_op_names() if not n.endswith(("_", "_grad"))), 1)
+    hint = (f"did you mean {close[0]!r}?" if close else
+            "not an op of paddle.amp.white_list() / black_list() nor a registered Paddle op")
+    return f"unknown op {name!r}; {hint}"
+
+
 def canonical(op: str) -> str:
     """The _C_ops name of an op named as in Paddle's AMP lists (``reduce_mean`` -> ``mean``)."""
     return ALIASES.get(op, op)

@@ -26,7 +26,17 @@ import time
 import numpy as np
 import paddle
 
+from zoo.utils.checks import COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, check_table, prefixed
+
 log = logging.getLogger(__name__)
+
+
+# amp.guard.* numbers (configs/amp/*.yaml); zoo/engine/run.py checks them with the rest of the config.
+SETTINGS = {
+    "max_consecutive_skips": COUNT_OR_ZERO.but(note="0 = never stop"),
+    "calibration_ceiling": POSITIVE,
+    "min_loss_scale": NON_NEGATIVE,
+}
 
 
 class NumericsGuardStop(FloatingPointError):
@@ -41,12 +51,11 @@ class NumericsGuard:
     def __init__(self, max_consecutive_skips: int = 0, min_loss_scale: float = 0.0,
                  on_min_loss_scale: str = "warn", find_nonfinite_layer: bool = False,
                  calibration_ceiling: float = 65536.0, console_every_s: float = 10.0):
-        if int(max_consecutive_skips) < 0:
-            raise ValueError(f"amp.guard.max_consecutive_skips: expected >= 0, got {max_consecutive_skips!r}")
+        given = dict(max_consecutive_skips=max_consecutive_skips, calibration_ceiling=calibration_ceiling,
+                     min_loss_scale=min_loss_scale)
+        check_table(lambda key: given[key.removeprefix("amp.guard.")], prefixed("amp.guard.", SETTINGS))
         if on_min_loss_scale not in ("warn", "stop"):
             raise ValueError(f"amp.guard.on_min_loss_scale: expected warn or stop, got {on_min_loss_scale!r}")
-        if not float(calibration_ceiling) > 0:
-            raise ValueError(f"amp.guard.calibration_ceiling: expected a positive number, got {calibration_ceiling!r}")
         self.max_skips = int(max_consecutive_skips)
         self.ceiling = float(calibration_ceiling)
         self.console_every = float(console_every_s)

@@ -9,14 +9,15 @@ import contextlib
 
 import paddle
 
+from zoo.utils.checks import Bound, check
+
 
 class ModelEMA:
     """fp32 weight average with the usual warm-up ramp ``min(decay, (1 + t) / (10 + t))``, so the
     average follows the model closely during the first updates instead of lagging at its init."""
 
     def __init__(self, model, decay: float = 0.9998):
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"trainer.ema_decay: expected a number in (0, 1), got {decay!r}")
+        check("trainer.ema_decay", decay, Bound(0, 1, low_inclusive=False))
         self.decay = decay
         self.updates = 0
         self.shadow = {k: v.astype("float32").clone() for k, v in model.state_dict().items()}

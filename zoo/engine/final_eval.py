@@ -20,10 +20,12 @@ import paddle
 from zoo.amp import Amp
 from zoo.engine.evaluate import evaluate
 from zoo.utils import distributed as dist
+from zoo.utils.checks import COUNT_OR_ZERO, check
 
 log = logging.getLogger(__name__)
 
 EVAL_PRECISIONS = ("train", "fp32", "both")
+BOOTSTRAP_RESAMPLES = COUNT_OR_ZERO.but(note="0 = off")
 
 
 def check_settings(eval_precision, bootstrap_resamples) -> None:
@@ -31,10 +33,7 @@ def check_settings(eval_precision, bootstrap_resamples) -> None:
     if eval_precision not in EVAL_PRECISIONS:
         raise ValueError(f"trainer.eval_precision: expected one of {', '.join(EVAL_PRECISIONS)}, "
                          f"got {eval_precision!r}")
-    if isinstance(bootstrap_resamples, bool) or not isinstance(bootstrap_resamples, int) \
-            or bootstrap_resamples < 0:
-        raise ValueError(f"trainer.bootstrap_resamples: expected an integer >= 0 (0 = off), "
-                         f"got {bootstrap_resamples!r}")
+    check("trainer.bootstrap_resamples", bootstrap_resamples, BOOTSTRAP_RESAMPLES)
 
 
 def _bootstrap(task, n_resamples: int) -> dict | None:

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +24,30 @@ from omegaconf import DictConfig, OmegaConf
 
 import zoo
 from zoo.amp import Amp, DeviceInfo, current_device
+from zoo.amp.amp import SETTINGS as AMP_SETTINGS
+from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
 from zoo.engine import final_eval, provenance
 from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
 from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
 from zoo.engine.runlock import RunLock
+from zoo.engine.schedules import SETTINGS as SCHED_SETTINGS
+from zoo.engine.schedules import clipped_warmup_message
+from zoo.engine.trainer import SETTINGS as TRAINER_SETTINGS
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.utils import distributed as dist
+from zoo.utils.checks import (
+    ABSENT,
+    COUNT,
+    COUNT_OR_ZERO,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    check_table,
+    nonfinite_leaves,
+    prefixed,
+)
 from zoo.utils.fileio import atomic_write
 
 log = logging.getLogger(__name__)
@@ -60,11 +78,49 @@ def build(node: DictConfig, key: str, **kwargs):
         raise ConfigError(msg if msg.split(":")[0].startswith(key.split(".")[0]) else f"{key}: {msg}") from cause
 
 
-def _positive_int(cfg: DictConfig, key: str) -> int:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
-    return value
+# Every number of a run's config with a rule, by its key: validate() checks each key the composed
+# config holds before anything is built. The amp, guard, trainer and schedule rules are the tables
+# those modules check their own arguments with; the model and data rules cover what the models'
+# configs set (the classes taking them check what depends on more than one value).
+SETTINGS = {
+    "model.batch_size": COUNT,
+    "model.eval_batch_size": COUNT,
+    "optim.lr": POSITIVE,
+    "optim.base_batch_size": COUNT.but(nullable=True, note="null = no LR scaling"),
+    "optim.grad_clip_norm": POSITIVE.but(nullable=True, note="null = no clipping"),
+    "optim.optimizer.weight_decay": NON_NEGATIVE.but(nullable=True),
+    "optim.optimizer.momentum": FRACTION,
+    "optim.optimizer.beta1": FRACTION,
+    "optim.optimizer.beta2": FRACTION,
+    "trainer.ema_decay": FRACTION.but(nullable=True, note="null or 0 = no EMA"),
+    "trainer.bootstrap_resamples": final_eval.BOOTSTRAP_RESAMPLES,
+    **prefixed("trainer.", TRAINER_SETTINGS),
+    **prefixed("sched.", SCHED_SETTINGS),
+    **prefixed("amp.", AMP_SETTINGS),
+    **prefixed("amp.guard.", GUARD_SETTINGS),
+    "model.task.label_smoothing": FRACTION,
+    **prefixed("model.task.loss.", {
+        "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ohem_ratio": POSITIVE,  # DB
+        "loss_weight.class": NON_NEGATIVE, "loss_weight.iou": NON_NEGATIVE, "loss_weight.dfl": NON_NEGATIVE,
+        "static_assigner_epoch": COUNT_OR_ZERO, "atss_topk": COUNT, "tal_topk": COUNT,
+        "tal_alpha": NON_NEGATIVE, "tal_beta": NON_NEGATIVE}),
+    **prefixed("model.task.postprocess.", {
+        "thresh": PROBABILITY, "box_thresh": PROBABILITY, "unclip_ratio": POSITIVE, "max_candidates": COUNT}),
+    "model.task.nms.score_threshold": PROBABILITY,
+    "model.task.nms.nms_threshold": PROBABILITY,
+    "data.num_classes": COUNT,
+    **prefixed("data.builder.", {
+        "num_train": COUNT, "num_val": COUNT, "max_objects": COUNT, "max_polys": COUNT,
+        "max_instances": COUNT, "max_boxes": COUNT,
+        "flip": PROBABILITY, "distort": PROBABILITY, "expand": PROBABILITY, "crop": PROBABILITY}),
+}
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    """Each number of :data:`SETTINGS` within its rule; then no nan / inf anywhere in the config."""
+    check_table(lambda key: OmegaConf.select(cfg, key, default=ABSENT), SETTINGS, ConfigError)
+    for key, value in nonfinite_leaves(OmegaConf.to_container(cfg, resolve=True)):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
 
 
 def _missing_keys(node, prefix: str = "") -> list[str]:
@@ -85,14 +141,10 @@ def validate(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed: expected a non-negative integer, got {seed!r}")
-    _positive_int(cfg, "model.batch_size")
-    _positive_int(cfg, "model.eval_batch_size")
+    check_numbers(cfg)
     if cfg.model.net.get("name") not in zoo.list_models():
         raise ConfigError(f"model.net.name: unknown model {cfg.model.net.get('name')!r}; "
                           f"known: {', '.join(zoo.list_models())}")
-    lr = cfg.optim.lr
-    if not isinstance(lr, (int, float)) or lr <= 0:
-        raise ConfigError(f"optim.lr: expected a positive number, got {lr!r}")
     if "root" in cfg.data and not Path(str(cfg.data.root)).exists():
         raise ConfigError(f"data.root: {cfg.data.root} does not exist (data={cfg.data.name})")
 
@@ -137,6 +189,8 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     base = cfg.optim.get("base_batch_size")
     lr = float(cfg.optim.lr) * (global_batch / base if base else 1.0)
     sched = build(cfg.sched, "sched")(base_lr=lr, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+    if getattr(sched, "warmup_clipped", None) and dist.is_main():
+        announce(clipped_warmup_message(sched.warmup_clipped), sys.stderr, logging.WARNING)
     clip = cfg.optim.get("grad_clip_norm")
     grad_clip = paddle.nn.ClipGradByGlobalNorm(float(clip)) if clip else None
     opt = build(cfg.optim.optimizer, "optim.optimizer")(learning_rate=sched, parameters=model.parameters(),
@@ -155,6 +209,7 @@ class RunFacts:
     data_version: dict
     pretrained: dict | None          # load report of model.net.pretrained
     data_report: dict | None         # skipped samples per split (counts, then messages)
+    warmup_clipped: dict | None = None  # the schedule's warm-up, shortened to fit the run (schedules.py)
 
 
 def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
@@ -195,7 +250,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
                       config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard)
     facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
                      data_version=provenance.dataset_version(train_set),
-                     pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report)
+                     pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report,
+                     warmup_clipped=getattr(sched, "warmup_clipped", None))
     return trainer, facts
 
 
@@ -255,7 +311,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "requested_precision": amp.requested, "effective_precision": amp.effective,
         "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
         "compiled": compiled, "compiled_scope": COMPILED_SCOPE if compiled else None,
-        "batch_size_per_rank": cfg.model.batch_size,
+        "batch_size_per_rank": cfg.model.batch_size, "warmup_clipped": facts.warmup_clipped,
         "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": facts.lr,
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
         "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},

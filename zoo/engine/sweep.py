@@ -184,7 +184,9 @@ def _last_line(log: Path) -> str:
 def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, threads: int = 1,
               dry_run: bool = False, out=sys.stdout, poll_s: float = 1.0) -> int:
     """Run the sweep; 0 when every job completed, 1 when some failed, 130 / 143 when stopped by
-    Ctrl-C / SIGTERM (running jobs get SIGTERM, checkpoint and stop; the same call resumes)."""
+    Ctrl-C / SIGTERM (running jobs get SIGTERM, checkpoint and stop; the same call resumes).
+    The closing lines name each failed job's log, then the report command, unless no job of the
+    sweep has completed (now or in an earlier call): then they say that nothing completed."""
     jobs, fixed = plan(overrides)
     if jobs_at_once < 1 or threads < 1:
         raise SweepError("--jobs and --threads must be at least 1")
@@ -257,5 +259,8 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
     say(f"sweep finished in {hours:.2f} h: {len(todo) - len(failed)} of {len(todo)} job(s) completed")
     for job, log in failed:
         say(f"failed: {job.name} (log {log})")
+    if len(failed) == len(jobs):  # none ran to completion, now or before: there is nothing to report on
+        say(f"nothing completed: no job of {sweep_dir} has a summary.json to report; see the logs above")
+        return 1
     say(f"report: python tools/report.py {sweep_dir}")
     return 1 if failed else 0

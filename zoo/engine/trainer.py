@@ -23,12 +23,26 @@ from zoo.engine.evaluate import draw_samples, evaluate
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
 from zoo.utils import distributed as dist
+from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, check_table, prefixed
 from zoo.utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN/inf in a run without a loss scaler to absorb it."""
+
+
+# The numbers among the loop's settings; zoo/engine/run.py checks them, as trainer.<key>, with the
+# rest of a run's config.
+SETTINGS = {
+    "max_steps": COUNT,
+    "epochs": POSITIVE.but(nullable=True),
+    "log_every": COUNT,
+    "eval_every": COUNT_OR_ZERO.but(note="0 = only at the end"),
+    "ckpt_every": COUNT,
+    "num_workers": COUNT_OR_ZERO.but(note="0 = load in the main process"),
+    "draw_samples": COUNT_OR_ZERO,
+}
 
 
 @dataclass
@@ -49,22 +63,10 @@ class TrainerSettings:
     compile: bool = False
 
     def __post_init__(self):
-        def integer(key: str, minimum: int, what: str) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ValueError(f"trainer.{key}: expected {what}, got {v!r}")
-
-        for key in ("max_steps", "log_every", "ckpt_every"):
-            integer(key, 1, "a positive integer")
-        integer("eval_every", 0, "an integer >= 0 (0 = only at the end)")
-        integer("num_workers", 0, "an integer >= 0 (0 = load in the main process)")
-        integer("draw_samples", 0, "an integer >= 0")
+        check_table(lambda key: getattr(self, key.removeprefix("trainer.")), prefixed("trainer.", SETTINGS))
         for key in ("final_eval", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"trainer.{key}: expected true or false, got {getattr(self, key)!r}")
-        e = self.epochs
-        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float)) or e <= 0):
-            raise ValueError(f"trainer.epochs: expected a positive number or null, got {e!r}")
 
 
 class Trainer:

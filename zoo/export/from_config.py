@@ -16,7 +16,7 @@ import paddle
 import zoo
 from zoo.engine.checkpoint import check_fits
 from zoo.engine.from_run import resolve_weights, run_source
-from zoo.engine.run import build, seed_everything
+from zoo.engine.run import build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.common import ExportError
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
@@ -195,6 +195,7 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     :class:`~zoo.export.guard.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
     ``out_dir``) and leaves ``out_dir`` as it was.
     """
+    check_numbers(cfg)  # the model's, amp's, ... numbers, as training checks them; export.check.*: CheckSettings
     ex = cfg.export
     _onnx_mode(ex.onnx)
     precision = check_precision(ex.get("precision", "fp32"))

@@ -23,7 +23,6 @@ The keep-list is a list of op types, because that is what Paddle Inference
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -35,6 +34,7 @@ from zoo.export.common import ExportError
 from zoo.export.deployed import DEFAULT_BLACK_LIST, VERSION, DeployedEmulation, consumer_black_list, fold_batch_norms
 from zoo.export.layers import compare, first_nonfinite, harm, record
 from zoo.export.verdict import box_agreement, class_agreement, paired_difference, polygon_agreement, verdict
+from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, Bound, check
 
 __all__ = ["CheckSettings", "PrecisionRefused", "candidates", "check_precision_export", "search_keep_list"]
 
@@ -50,6 +50,18 @@ class PrecisionRefused(RuntimeError):
         self.report = report
 
 
+# export.check.* numbers (configs/export.yaml); margin.* is the rule of every metric's margin.
+CHECK_SETTINGS = {
+    "margin.*": POSITIVE.but(note="percentage points"),
+    "level": Bound(0.5, 1),
+    "resamples": Bound(10, integer=True),
+    "max_keep": COUNT_OR_ZERO,
+    "max_evaluations": Bound(2, integer=True),
+    "layer_batches": COUNT,
+    "top": COUNT,
+}
+
+
 @dataclass
 class CheckSettings:
     """``export.check.*`` (configs/export.yaml)."""
@@ -63,17 +75,11 @@ class CheckSettings:
     top: int = 12
 
     def __post_init__(self):
-        def number(key, value, ok, what):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not ok(value):
-                raise ExportError(f"export.check.{key}: expected {what}, got {value!r}")
-
-        for name, m in dict(self.margin).items():
-            number(f"margin.{name}", m, lambda v: v > 0, "a positive number of percentage points")
-        number("level", self.level, lambda v: 0.5 <= v < 1, "a number in [0.5, 1)")
-        for key, lo in (("resamples", 10), ("max_keep", 0), ("max_evaluations", 2), ("layer_batches", 1),
-                        ("top", 1)):
-            number(key, getattr(self, key), lambda v, lo=lo: v == int(v) and v >= lo, f"an integer >= {lo}")
+        values = {**{f"margin.{name}": m for name, m in dict(self.margin).items()},
+                  **{key: getattr(self, key) for key in CHECK_SETTINGS if key != "margin.*"}}
+        for key, value in values.items():
+            check(f"export.check.{key}", value, CHECK_SETTINGS["margin.*" if key.startswith("margin.") else key],
+                  ExportError)
 
     def margin_for(self, metric: str) -> float:
         if metric not in self.margin:

@@ -12,6 +12,7 @@ from pathlib import Path
 from zoo.report.parity import overall_ok, parity_table
 from zoo.report.render import write_report
 from zoo.report.runs import ReportInputError, group_runs, load_runs, mixed_provenance
+from zoo.utils.checks import POSITIVE, check
 
 __all__ = ["ReportInputError", "make_report"]
 
@@ -31,8 +32,8 @@ def make_report(inputs, out=None, delta=None, alpha=0.05, allow_mixed=False) -> 
     seed) unless ``allow_mixed``: then the differences are listed in the report.
     """
 
-    if delta is not None and not delta > 0:
-        raise ReportInputError(f"--delta must be > 0, got {delta}")
+    if delta is not None:
+        check("--delta", delta, POSITIVE, ReportInputError)
     if not 0 < alpha < 0.5:
         raise ReportInputError(f"--alpha must be in (0, 0.5), got {alpha}")
     runs = load_runs(inputs)

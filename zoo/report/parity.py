@@ -14,6 +14,7 @@ import yaml
 
 from zoo.report.runs import ReportInputError, Run
 from zoo.report.stats import paired_t_test, paired_tost, tost, tost_sample_size, welch_t_test
+from zoo.utils.checks import COUNT_OR_ZERO, POSITIVE, check
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "report.yaml"
 FP32 = "fp32"
@@ -40,11 +41,13 @@ def load_margins(path: Path = DEFAULT_CONFIG) -> dict:
     """The delta table and the short-run rule of configs/report.yaml."""
     try:
         cfg = yaml.safe_load(Path(path).read_text())
-        return {"short_below_steps": int(cfg["short_below_steps"]),
-                "deltas": {regime: {str(k).lower(): float(v) for k, v in table.items()}
-                           for regime, table in cfg["deltas"].items()}}
+        margins = {"short_below_steps": check("short_below_steps", cfg["short_below_steps"], COUNT_OR_ZERO),
+                   "deltas": {regime: {str(k).lower(): float(check(f"deltas.{regime}.{k}", v, POSITIVE))
+                                       for k, v in table.items()}
+                              for regime, table in cfg["deltas"].items()}}
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportInputError(f"{path}: unusable report config ({err})") from None
+    return margins
 
 
 def pick_delta(metric: str, steps: int, margins: dict, override: float | None) -> tuple[float, str]:
