@@ -62,3 +62,19 @@ def test_a_bad_value_is_one_line_from_the_tool(tmp_path):
     r = run_tool(["tools/train.py", *TINY, "trainer.predict_memory=x", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: trainer.predict_memory: expected auto, on or off, got 'x'" in r.stderr.splitlines()
+
+
+def test_the_setting_changes_neither_the_digest_nor_what_a_resume_accepts(tiny_cfg):
+    """Old runs (without the key) and runs with each value compare and resume alike."""
+    from omegaconf import OmegaConf, open_dict
+
+    from zoo.engine.checkpoint import SAFE_TO_CHANGE_ON_RESUME, config_changes
+    from zoo.engine.provenance import config_digest
+
+    on, auto = tiny_cfg("trainer.predict_memory=on"), tiny_cfg()
+    old = tiny_cfg()
+    with open_dict(old):
+        del old.trainer["predict_memory"]
+    assert config_digest(on) == config_digest(auto) == config_digest(old)
+    changes = config_changes(OmegaConf.to_yaml(old), OmegaConf.to_yaml(on))
+    assert set(changes) == {"trainer.predict_memory"} <= set(SAFE_TO_CHANGE_ON_RESUME)
