@@ -36,8 +36,8 @@ def test_auto_on_a_cpu_and_off_never_call_the_planner(tiny_cfg, tmp_path):
     for i, setting in enumerate(("auto", "off")):
         s = train(tiny_cfg(f"trainer.predict_memory={setting}", *FAST), tmp_path / str(i), predict_memory=boom)
         assert s["predicted_peak_memory_mb"] is None and s["predicted_memory"] is None
-    assert wants_memory_prediction("auto", "gpu:0") and not wants_memory_prediction("auto", "cpu")
-    assert wants_memory_prediction("on", "cpu") and not wants_memory_prediction("off", "gpu:0")
+    assert wants_memory_prediction("auto", "gpu") and not wants_memory_prediction("auto", "cpu")
+    assert wants_memory_prediction("on", "cpu") and not wants_memory_prediction("off", "gpu")
 
 
 def test_a_failed_prediction_does_not_lose_the_run(tiny_cfg, tmp_path):

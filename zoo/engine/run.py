@@ -110,10 +110,10 @@ def predict_memory_setting(cfg: DictConfig) -> str:
     return value
 
 
-def wants_memory_prediction(setting: str, device_name: str) -> bool:
+def wants_memory_prediction(setting: str, device_kind: str) -> bool:
     """Whether summary.json gets the planner's predicted peak: ``on`` always, ``auto`` only on a GPU
     (on a CPU the measured peak is the process's RSS, not comparable with a GPU prediction)."""
-    return setting == "on" or (setting == "auto" and str(device_name).startswith("gpu"))
+    return setting == "on" or (setting == "auto" and device_kind == "gpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -256,7 +256,7 @@ def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
 def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryPredictor | None) -> dict:
     """summary.json's predicted_peak_memory_mb / predicted_memory (null when not asked for)."""
     none = {"predicted_peak_memory_mb": None, "predicted_memory": None}
-    if not (dist.is_main() and wants_memory_prediction(predict_memory_setting(cfg), facts.device.name)):
+    if not (dist.is_main() and wants_memory_prediction(predict_memory_setting(cfg), facts.device.kind)):
         return none
     if predict_memory is None:
         log.warning("trainer.predict_memory: this entry point has no memory planner (tools/train.py has)")
