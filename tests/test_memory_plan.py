@@ -156,3 +156,22 @@ def test_the_tool_end_to_end_on_resnet_tiny(tmp_path):
     assert (out / "memory.png").stat().st_size > 1000
     bad = run_tool(["tools/amp_doctor.py", "model=resnet_tiny", "--memory", "--gpu-memory", "lots"], cwd=ROOT)
     assert bad.returncode == 2 and "error: --gpu-memory" in bad.stderr
+
+
+def test_the_gpu_memory_tests_logic_on_a_cpu():
+    """tests/test_gpu_memory.py's config, prediction and judgement (its GPU steps are skipped here)."""
+    import test_gpu_memory as G
+
+    for name in G.CASES:                           # every GPU case composes, at its own batch
+        for amp in G.AMPS:
+            cfg = G.case_config(name, amp)
+            assert cfg.model.name == name and cfg.amp.name == amp
+    cfg = G.case_config("resnet_tiny", "O1")
+    pred = G.predicted(cfg, "emulated-fp16-O1")
+    want = M.breakdown(M.plan_precision(cfg), 8)["peak"] / M.MiB
+    assert pred["precision"] == "O1" and pred["batch"] == 8 and pred["peak_mb"] == round(want, 1)
+    workspace = M.WORKSPACE_BYTES / M.MiB
+    ok = G.judge(workspace + 100, 80)
+    assert ok["within"] and ok["rel_err"] == pytest.approx((workspace + 20) / 80)
+    assert not G.judge(workspace + 100, 40)["within"]          # under half the non-workspace rows
+    assert not G.judge(workspace + 100, 2 * (workspace + 100) + 1)["within"]

@@ -12,11 +12,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 
+def _predict_memory(cfg: DictConfig, effective: str, batch: int) -> dict:
+    """The memory planner's keys for summary.json (trainer.predict_memory); imported only when asked."""
+    from zoo.diagnostics.memory import summary_prediction
+
+    return summary_prediction(cfg, effective, batch)
+
+
 @hydra.main(version_base="1.3", config_path=_entry.CONFIG_DIR, config_name="train")
 def main(cfg: DictConfig) -> float:
     from zoo.engine.run import train
 
-    summary = _entry.run_or_exit(train, cfg, HydraConfig.get().runtime.output_dir)
+    summary = _entry.run_or_exit(lambda c, out: train(c, out, predict_memory=_predict_memory), cfg,
+                                 HydraConfig.get().runtime.output_dir)
     return summary["primary_metric"]["value"]
 
 

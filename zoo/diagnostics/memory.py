@@ -379,6 +379,55 @@ def largest_batch(p: dict, limit_bytes: float) -> int:
     return lo
 
 
+PREDICTION_WHAT = "planner prediction for a GPU (tools/amp_doctor.py --memory)"
+
+
+def predict_peak(cfg, batch: int | None = None) -> dict:
+    """The planner's peak of one training step for ``cfg``'s precision at ``batch`` (default
+    ``model.batch_size``): the figure ``--memory`` prints in its peak row, with the rows behind it."""
+    p = plan_precision(cfg)
+    b = int(batch or cfg.model.batch_size)
+    rows = breakdown(p, b)
+    return {"precision": p["precision"], "level": p["level"], "batch": b, "peak_bytes": rows["peak"],
+            "peak_mb": rows["peak"] / MiB, "rows": rows}
+
+
+def _as_fp32(cfg):
+    """``cfg`` with AMP off (a run whose AMP request fell back to FP32, ``amp.on_unsupported=fp32``)."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    c.amp.enabled, c.amp.name = False, "fp32"
+    return c
+
+
+@contextlib.contextmanager
+def _on_cpu():
+    """Trace on the CPU: the planner needs shapes and dtypes only, and a GPU run's memory stays untouched."""
+    before = paddle.device.get_device()
+    if before != "cpu":
+        paddle.set_device("cpu")
+    try:
+        yield
+    finally:
+        if before != "cpu":
+            paddle.set_device(before)
+
+
+def summary_prediction(cfg, effective: str, batch: int) -> dict:
+    """summary.json's ``predicted_peak_memory_mb`` and ``predicted_memory`` for a finished run of
+    ``cfg`` (``effective``: the run's effective precision; ``batch``: per rank). Called by
+    :func:`zoo.engine.run.train` through tools/train.py when ``trainer.predict_memory`` asks for it."""
+    if effective == "fp32" and cfg.amp.enabled:
+        cfg = _as_fp32(cfg)
+    with _on_cpu():
+        pred = predict_peak(cfg, batch)
+    peak = round(pred["peak_mb"], 1)
+    return {"predicted_peak_memory_mb": peak,
+            "predicted_memory": {"precision": pred["precision"], "batch": pred["batch"], "peak_mb": peak,
+                                 "what": PREDICTION_WHAT}}
+
+
 def parse_card(text: str | None) -> tuple[str, float]:
     """(name, MiB) of ``--gpu-memory``: a card of :data:`CARDS` or an amount such as ``80GB``,
     ``40GiB``, ``16000MiB``. GB is read as GiB (nvidia-smi's 81920 MiB is the "80 GB" A100)."""

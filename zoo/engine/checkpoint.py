@@ -50,12 +50,13 @@ def load(path: str | Path) -> dict:
 
 
 # Settings a resumed run may change without breaking what it continues (logged, not refused):
-# how often it logs/evaluates/saves, how it loads data, how long it runs, how it is resumed.
+# how often it logs/evaluates/saves, how it loads data, how long it runs, how it is resumed, what
+# it predicts beside (trainer.predict_memory).
 SAFE_TO_CHANGE_ON_RESUME = (
     "trainer.resume", "trainer.resume_allow_changes", "trainer.log_every", "trainer.eval_every",
     "trainer.ckpt_every", "trainer.progress", "trainer.num_workers", "trainer.draw_samples",
     "trainer.max_steps", "trainer.epochs", "trainer.final_eval", "model.eval_batch_size",
-    "trainer.compile",
+    "trainer.compile", "trainer.predict_memory",
 )
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import paddle
@@ -54,7 +55,8 @@ log = logging.getLogger(__name__)
 
 
 # trainer.* keys read by this module, not by the loop (TrainerSettings)
-RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples")
+RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples", "predict_memory")
+PREDICT_MEMORY = ("auto", "on", "off")
 
 
 class NoStepUpdated(RuntimeError):
@@ -147,6 +149,22 @@ def validate(cfg: DictConfig) -> None:
                           f"known: {', '.join(zoo.list_models())}")
     if "root" in cfg.data and not Path(str(cfg.data.root)).exists():
         raise ConfigError(f"data.root: {cfg.data.root} does not exist (data={cfg.data.name})")
+    predict_memory_setting(cfg)
+
+
+def predict_memory_setting(cfg: DictConfig) -> str:
+    """``trainer.predict_memory`` checked: auto, on or off (YAML 1.1 reads a bare on/off as a boolean)."""
+    value = cfg.trainer.get("predict_memory", "auto")
+    value = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    if value not in PREDICT_MEMORY:
+        raise ConfigError(f"trainer.predict_memory: expected auto, on or off, got {value!r}")
+    return value
+
+
+def wants_memory_prediction(setting: str, device_kind: str) -> bool:
+    """Whether summary.json gets the planner's predicted peak: ``on`` always, ``auto`` only on a GPU
+    (on a CPU the measured peak is the process's RSS, not comparable with a GPU prediction)."""
+    return setting == "on" or (setting == "auto" and device_kind == "gpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -270,18 +288,44 @@ def copy_launch_logs(out_dir: Path) -> None:
         shutil.copyfile(f, dest / f.name)
 
 
-def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True) -> dict:
+# (cfg, effective precision, per-rank batch) -> summary.json keys; the engine cannot import the
+# planner (zoo.diagnostics sits above it), so tools/train.py passes it in.
+MemoryPredictor = Callable[[DictConfig, str, int], dict]
+
+
+def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
+          predict_memory: MemoryPredictor | None = None) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
     The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
     line names it unless ``announce_folder`` is false (a temporary folder, as tools/benchmark.py uses).
+    ``predict_memory`` (tools/train.py passes :func:`zoo.diagnostics.memory.summary_prediction`) is
+    called after the run, on rank 0, when ``trainer.predict_memory`` asks for it on this device;
+    its keys go into summary.json beside ``peak_memory_mb``.
     """
     out_dir = Path(out_dir)
     with RunLock(out_dir, enabled=dist.is_main()):
-        return _train(cfg, out_dir, announce_folder)
+        return _train(cfg, out_dir, announce_folder, predict_memory)
 
 
-def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
+def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryPredictor | None) -> dict:
+    """summary.json's predicted_peak_memory_mb / predicted_memory (null when not asked for)."""
+    none = {"predicted_peak_memory_mb": None, "predicted_memory": None}
+    if not (dist.is_main() and wants_memory_prediction(predict_memory_setting(cfg), facts.device.kind)):
+        return none
+    if predict_memory is None:
+        log.warning("trainer.predict_memory: this entry point has no memory planner (tools/train.py has)")
+        return none
+    try:
+        return predict_memory(cfg, facts.amp.effective, int(cfg.model.batch_size))
+    except Exception as err:  # noqa: BLE001  (a finished run is not lost to its prediction)
+        announce(f"warning: trainer.predict_memory: no prediction ({type(err).__name__}: {err})",
+                 sys.stderr, logging.WARNING)
+        return {"predicted_peak_memory_mb": None, "predicted_memory": {"error": f"{type(err).__name__}: {err}"}}
+
+
+def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
+           predict_memory: MemoryPredictor | None = None) -> dict:
     t0 = time.time()
     git_revision()  # fixed now, before training: the revision of the code this process runs
     trainer, facts = build_trainer(cfg, out_dir)
@@ -332,6 +376,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool) -> dict:
         "config_digest_excludes": list(provenance.CONFIG_DIGEST_EXCLUDES), "pairing": facts.pairing,
         "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
         "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
+        **_memory_prediction(cfg, facts, predict_memory),
         **evals,
     }
     if dist.is_main():
