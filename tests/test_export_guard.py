@@ -288,3 +288,20 @@ def test_bf16_of_the_three_families(tmp_path, shaped_db):
     report = json.loads((out / "precision_report.json").read_text())
     assert report["metric"] == "mAP" and report["verdict"] == "equivalent" and report["n_resamples"] == 200
     assert report["layers"]["batchnorms_folded"] > 20
+
+
+def test_a_top1_margin_finer_than_the_split_resolves_is_named():
+    """One changed top-1 among 1000 images: the 90 % bootstrap interval of that single image reaches
+    3 images (P(Binomial(1000, 1/1000) <= 2) = 0.920 < 0.95), i.e. 0.3 pp > the 0.2 pp margin."""
+    from math import comb
+
+    from zoo.export.guard import _resolution_note
+
+    n = 1000
+    cdf2 = sum(comb(n, k) * (1 / n) ** k * (1 - 1 / n) ** (n - k) for k in range(3))
+    assert 0.91 < cdf2 < 0.95  # so the 95th percentile of the resampled count is 3: 0.3 pp
+    note = _resolution_note("top1", n, 0.2)
+    assert note and "±0.2 pp" in note and "1000 images" in note and "0.1 pp" in note
+    assert _resolution_note("top1", 5000, 0.2) is None      # 3 images = 0.06 pp < 0.2
+    assert _resolution_note("top1", 1500, 0.2) is not None  # 3 images = exactly 0.2 pp: still too coarse
+    assert _resolution_note("hmean", 100, 0.3) is None       # not an average of per-image 0/1 scores
