@@ -241,7 +241,7 @@ def shaped_db(tmp_path_factory):
 @pytest.mark.slow
 def test_db_conv_overflowing_fp16_ends_equivalent_with_that_op_kept(tmp_path, shaped_db):
     root, args = shaped_db
-    proc, out = _export(tmp_path, *args, f"weights={root / 'overflow.pdparams'}", "export.precision=fp16")
+    proc, out = _export(tmp_path, *args, f"run={root / 'overflow.pdparams'}", "export.precision=fp16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "precision_report.json").read_text())
     assert report["fp32"]["hmean"] > 0.5, "the shaped model must find the text, or the test proves nothing"
@@ -259,7 +259,7 @@ def test_an_unfixable_export_is_refused_with_exit_1_and_the_earlier_export_kept(
     earlier = tmp_path / "out"
     earlier.mkdir()
     (earlier / "export.json").write_text("earlier")
-    proc, out = _export(tmp_path, *args, f"weights={root / 'overflow.pdparams'}", "export.precision=fp16",
+    proc, out = _export(tmp_path, *args, f"run={root / 'overflow.pdparams'}", "export.precision=fp16",
                         "export.check.max_keep=1")
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -275,7 +275,7 @@ def test_bf16_of_the_three_families(tmp_path, shaped_db):
     """bf16 has fp32's range: the DB that needs a keep-list in fp16 needs none in bf16. ResNet and
     PP-YOLOE: the check runs and decides (random PP-YOLOE weights find nothing: agreement vacuous)."""
     root, args = shaped_db
-    proc, out = _export(tmp_path, *args, f"weights={root / 'overflow.pdparams'}", "export.precision=bf16", name="db")
+    proc, out = _export(tmp_path, *args, f"run={root / 'overflow.pdparams'}", "export.precision=bf16", name="db")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "precision_report.json").read_text())
     assert report["fp32"]["hmean"] > 0.5 and report["verdict"] == "equivalent" and report["keep_fp32"] == []

@@ -57,7 +57,7 @@ def test_sweep_runs_two_at_a_time_skips_done_jobs_and_names_a_failure(tmp_path, 
     out = first.stdout
     assert "6 jobs, 0 already completed, 6 to run, 2 at a time, 1 thread(s) each" in out
     # Hydra's own error line, not its traceback hint
-    assert "[3/6] amp=O9_seed=0: FAILED (exit 1) after " in out and "min: In 'train': Could not find 'amp/O9'" in out
+    assert "[3/6] amp=O9_seed=0: FAILED (exit 2) after " in out and "min: error: amp=O9: no such choice" in out
     assert f"failed: amp=O9_seed=1 (log {sweep / 'logs' / 'amp=O9_seed=1.log'})" in out
     assert "4 of 6 job(s) completed" in out
     done = sorted(p.parent.name for p in sweep.glob("*/summary.json"))

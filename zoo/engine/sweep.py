@@ -241,7 +241,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
                 if proc.returncode == 0 and job_state(sweep_dir / job.name) == "done":
                     say(f"[{i}/{len(jobs)}] {job.name}: completed in {minutes:.1f} min, {_result(sweep_dir / job.name)}")
                 else:
-                    failed.append((job, log))
+                    failed.append((i, job, log))
                     say(f"[{i}/{len(jobs)}] {job.name}: FAILED (exit {proc.returncode}) after {minutes:.1f} min: "
                         f"{_last_line(log)}")
     except (KeyboardInterrupt, _Stop) as stop:
@@ -257,7 +257,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
         signal.signal(signal.SIGTERM, previous)
     hours = (time.time() - start_all) / 3600
     say(f"sweep finished in {hours:.2f} h: {len(todo) - len(failed)} of {len(todo)} job(s) completed")
-    for job, log in failed:
+    for _, job, log in sorted(failed, key=lambda f: f[0]):  # in job order, not the order they ended
         say(f"failed: {job.name} (log {log})")
     if len(failed) == len(jobs):  # none ran to completion, now or before: there is nothing to report on
         say(f"nothing completed: no job of {sweep_dir} has a summary.json to report; see the logs above")
