@@ -14,7 +14,7 @@ from zoo.engine.from_run import resolve_weights, run_source
 from zoo.engine.run import ConfigError, build, build_amp, seed_everything, validate
 from zoo.engine.runinfo import announce, git_revision, write_json
 
-__all__ = ["evaluate_checkpoint", "evaluate_weights", "resolve_weights"]  # resolve_weights: its old home
+__all__ = ["evaluate_checkpoint", "evaluate_weights"]
 
 
 def evaluate_weights(cfg: DictConfig) -> tuple:
