@@ -110,12 +110,35 @@ class GuardedLoader:
     def __init__(self, loader, normalize=None):
         self.loader = loader
         self.normalize = normalize
+        self._iterator = None
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def close(self) -> None:
+        """Stop the iteration in progress, for a caller that leaves it before its end.
+
+        With ``num_workers=0`` Paddle loads in a thread that keeps filling its queue, and the
+        thread keeps the iterator alive, so an abandoned iteration goes on holding a queue of
+        batches (db_det at batch 8: six, 33 MiB) and loading more while the caller computes, for
+        the life of the process. Here the thread is told to stop, joined, and Paddle's own
+        shutdown runs (it then has no thread to wait for); worker processes are ended as Paddle
+        ends them. Safe to call twice, or after the end.
+        """
+        it, self._iterator = self._iterator, None
+        if it is None:
+            return
+        thread = getattr(it, "_thread", None)
+        if thread is not None and hasattr(it, "_exit_thread_expectedly"):
+            it._exit_thread_expectedly()       # sets the done event and closes the queue
+            thread.join(timeout=60)
+        shutdown = getattr(it, "_try_shutdown_all", None)
+        if shutdown is not None:
+            shutdown()
+
     def __iter__(self):
-        for batch in self.loader:
+        self._iterator = it = iter(self.loader)
+        for batch in it:
             if isinstance(batch, dict) and _ERROR_KEY in batch:
                 message = bytes(np.asarray(batch[_ERROR_KEY].numpy())).decode("utf-8", "replace")
                 raise SampleLoadError(f"data loading failed: {message}")

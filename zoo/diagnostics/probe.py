@@ -34,10 +34,14 @@ def train_batches(cfg, n: int) -> list:
     train_set, _, _ = build_data(cfg)
     sampler = TrainBatchSampler(len(train_set), cfg.model.batch_size, cfg.seed, 0, 1, drop_last=True)
     out = []
-    for batch in build_loader(train_set, sampler, 0):
-        out.append(batch)
-        if len(out) == n:
-            break
+    loader = build_loader(train_set, sampler, 0)
+    try:
+        for batch in loader:
+            out.append(batch)
+            if len(out) == n:
+                break
+    finally:
+        loader.close()   # else its loading thread goes on filling a queue (memory the planner's CPU check would read)
     return out
 
 
