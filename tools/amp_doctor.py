@@ -15,8 +15,9 @@ OK, 1 when it is risky or will fail, 2 for bad input. See zoo/diagnostics/doctor
 bf16_O1, bf16_O2, each with its recipe) and the largest batch that fits --gpu-memory (an amount,
 80GB = 81920 MiB, or a card: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-80GB, H200-141GB;
 default A100-80GB) with --headroom (default 0.1) to spare; writes memory.json and memory.png into
-the same folder. --cpu-check adds one real FP32 step on this CPU at the configured batch and half of
-it (fresh processes, peak-RSS growth) beside the prediction. Exit status 0, 2 for bad input. See zoo/diagnostics/memory.py and docs/doctor.md.
+the same folder. --cpu-check adds two real FP32 steps on this CPU at the configured batch and half of
+it (fresh processes; the second step's peak of live tensors, read from Paddle's host allocator)
+beside the prediction. Exit status 0, 2 for bad input. See zoo/diagnostics/memory.py and docs/doctor.md.
 """
 from __future__ import annotations
 
