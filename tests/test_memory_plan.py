@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import paddle
+import paddle.nn.functional as F
 import pytest
 from conftest import ROOT, run_tool
 
@@ -84,11 +85,12 @@ def test_state_bytes_at_o2_by_hand():
 
 # ---- saved activations, by hand ---------------------------------------------------------------------
 def fp32_saved(b):
-    """conv2d keeps x (b*1*4*4 fp32 = 64b B; its weight is the parameter itself); batch_norm keeps x
-    (the conv output, b*2*4*4 fp32 = 128b B) and saved mean and variance (2 + 2 fp32 = 16 B); flatten
-    keeps nothing; linear keeps x (the flattened map, b*32 fp32 = 128b B) and its weight (the
-    parameter); sum keeps nothing."""
-    return 64 * b + 128 * b + 16 + 128 * b
+    """conv2d keeps x, the batch itself (its b*1*4*4 fp32 = 64b B are the batch row; its weight is
+    the parameter itself); batch_norm keeps x (the conv output, b*2*4*4 fp32 = 128b B) and saved
+    mean and variance (2 + 2 fp32 = 16 B); flatten keeps nothing; linear keeps x (the flattened map,
+    a view of the BatchNorm output: b*32 fp32 = 128b B) and its weight (the parameter); sum keeps
+    nothing."""
+    return 128 * b + 16 + 128 * b
 
 
 def o1_saved(b):
@@ -102,14 +104,80 @@ def o1_saved(b):
 @pytest.mark.parametrize("b", [1, 2])
 def test_saved_activations_by_hand(b):
     t = M.trace(_net(), SumTask(), _batch(b), FP32)
-    assert t["activations"]["bytes"] == fp32_saved(b) == 320 * b + 16
-    assert t["activations"]["tensors"] == 5 and t["weight_casts"] == 0
+    assert t["activations"]["bytes"] == fp32_saved(b) == 256 * b + 16
+    assert t["activations"]["tensors"] == 4 and t["weight_casts"] == 0
     assert t["largest"] == 128 * b                    # the conv / BatchNorm outputs, 2*4*4 fp32 each
     assert t["batch"]["bytes"] == 64 * b
     t = M.trace(_net(), SumTask(), _batch(b), O1)
     assert t["activations"]["bytes"] == o1_saved(b) == 160 * b + 244
     assert t["weight_casts"] == 36 + 192
     assert t["activations"]["allocated"] == 7 * 256   # seven tensors, each under 256 B
+
+
+# ---- what an op keeps, by hand, and checked against Paddle's own host allocator ------------------
+class Chain(paddle.nn.Layer):
+    """``h = x + w`` (w a 4x4 parameter over b x 1 x 4 x 4 inputs; add keeps nothing), then
+    ``fn(h)``, summed (sum keeps nothing): what is kept is what ``fn`` keeps."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.w = self.create_parameter([4, 4])
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x + self.w).sum()
+
+
+B = 2
+MAP = B * 16 * 4        # one b x 1 x 4 x 4 fp32 map: 128 B
+KEPT = {                # op(s) applied to h -> bytes its backward keeps, by hand
+    # a Tensor operator with a number is Paddle's scale: nothing kept
+    "scalar": (lambda h: (1 - h * 2.0) / 4.0, 0),
+    # multiply keeps h; divide_grad reads x, y and out: h (once), h * h and the quotient
+    "divide": (lambda h: h / (h * h), 3 * MAP),
+    "silu": (lambda h: F.silu(h), 2 * MAP),                                   # x and out
+    "max": (lambda h: h.max(1), MAP + MAP),                                   # x and out (b x 4 x 4)
+    "cumsum": (lambda h: paddle.cumsum(h, 2), MAP),                           # x
+    # the array and the int64 index (b x 1 x 1 x 4: 8 B each)
+    "take_along_axis": (lambda h: paddle.take_along_axis(h, paddle.zeros([B, 1, 1, 4], "int64"), 2),
+                        MAP + B * 4 * 8),
+    # x (a view of h: all of h) and the int64 indices (b x 3)
+    "topk": (lambda h: paddle.topk(h.reshape([B, 16]), 3)[0], MAP + B * 3 * 8),
+    "masked_select": (lambda h: paddle.masked_select(h, h > 0), B * 16),      # the bool mask only
+    # squeeze-and-excitation: pool2d keeps h (through the copy x._use_gpudnn(False)) and the
+    # pooled b x 1 x 1 x 1, multiply the same two; relu its output, which the reshape views and
+    # ** 2 keeps through that view: h + pooled + relu's output
+    "pool_and_views": (lambda h: F.relu(h * F.adaptive_avg_pool2d(h, 1)).reshape([B, -1]) ** 2,
+                       2 * MAP + B * 4),
+    # a slice keeps its base: the second channel of a 2-channel concat (concat and scale keep
+    # nothing), squared by multiply, keeps both channels ...
+    "slice_keeps_base": (lambda h: (lambda s: s * s)(paddle.concat([h, h + 1.0], 1)[:, 1]), 2 * MAP),
+    # ... unless the op takes contiguous inputs (pow): it keeps the copy made for it, one channel
+    "slice_copied": (lambda h: paddle.concat([h, h + 1.0], 1)[:, 1] ** 2, MAP),
+    "tril": (lambda h: paddle.tril(h), 0),                                    # nothing
+}
+
+
+@pytest.mark.parametrize("case", sorted(KEPT))
+def test_what_an_op_keeps_by_hand_and_by_paddles_allocator(case):
+    import gc
+
+    from paddle.base import core
+
+    fn, want = KEPT[case]
+    x = _batch(B)
+    t = M.trace(Chain(fn), SumTask(), x, FP32)
+    assert t["activations"]["bytes"] == want and t["unknown_ops"] == []
+    if not hasattr(core, "host_memory_stat_current_value"):
+        return
+    net = Chain(fn)
+    gc.collect()
+    before = core.host_memory_stat_current_value("Allocated", 0)
+    loss = net(x)             # every Python reference but the loss is gone: what is left, the graph keeps
+    gc.collect()
+    if before:                # 0: statistics off (FLAGS_use_system_allocator)
+        assert core.host_memory_stat_current_value("Allocated", 0) - before - 4 == want
+    loss.backward()
 
 
 def test_the_line_through_two_batches_and_the_largest_batch():

@@ -27,11 +27,17 @@ The saved activations come from one forward pass per batch size watched by
 low/fp32 decision, the one ``tools/amp_conformance.py`` checks against Paddle call by call. The
 rule for what is saved: for every op call whose output requires a gradient, the tensors its
 backward kernel reads, per :data:`SAVES` (Paddle's ``backward.yaml``: inputs and outputs that are
-not ``no_need_buffer``). An input is saved at the dtype the op computes in (an fp32 tensor
-entering an fp16 op is saved as its fp16 cast), an output at its own dtype; one tensor saved by
-several ops at one dtype counts once. A parameter entering an op in its stored dtype is the
-parameter (not counted again); in any other dtype it is a cast copy (O1's fp16 weights), counted.
-An op missing from :data:`SAVES` counts all its tensor inputs (an over-estimate).
+not ``no_need_buffer``; where that flag is not at hand, what Paddle keeps, measured op by op with
+its host allocator: ``tests/test_memory_plan.py``). An input is saved at the dtype the op computes
+in (an fp32 tensor entering an fp16 op is saved as its fp16 cast), an output at its own dtype. A
+tensor saved at its own dtype is its whole allocation (:func:`allocation`): a view (reshape,
+transpose, slice) keeps all of its base, and one allocation saved by several ops, or through
+several views, counts once. A parameter or a batch tensor entering an op in its stored dtype is
+the parameter, or the batch (rows of their own, not counted again); in any other dtype it is a cast
+copy (O1's fp16 weights), counted. A Tensor operator with a Python number (``x * 2.0``, ``1 - x``)
+is Paddle's ``scale`` and keeps nothing. An op missing from :data:`SAVES` counts all its tensor
+inputs (an over-estimate). Known under-counts: ``number / tensor`` (read as ``tensor / number``)
+and layer_norm's mean and variance (x's size over the normalised size; the call returns neither).
 
 Activations, the batch and the largest tensor are traced at two batch sizes and fitted as
 ``fixed + per_sample * batch``; a third trace (fp32) tests that line.
@@ -80,26 +86,39 @@ _OUT = ((), (0,))
 _IN = ((0,), ())
 SAVES = {
     **dict.fromkeys(("conv2d", "depthwise_conv2d", "conv2d_transpose", "depthwise_conv2d_transpose",
-                     "matmul", "linear", "multiply", "divide", "maximum", "minimum", "elementwise_pow",
-                     "sigmoid_cross_entropy_with_logits"), _INPUTS_01),
+                     "matmul", "linear", "multiply", "maximum", "minimum", "elementwise_pow",
+                     "sigmoid_cross_entropy_with_logits", "take_along_axis"), _INPUTS_01),
+    "divide": ((0, 1), (0,)),                     # divide_grad(x, y, out, out_grad)
     **dict.fromkeys(("batch_norm", "sync_batch_norm"), ((0,), (3, 4))),     # x, saved mean / variance
-    **dict.fromkeys(("layer_norm", "group_norm", "instance_norm"), ((0,), (1, 2))),
+    **dict.fromkeys(("layer_norm", "instance_norm"), ((0,), (1, 2))),
+    "group_norm": ((0,), (0, 1, 2)),              # x, y, mean, variance
     **dict.fromkeys(("relu", "relu6", "sigmoid", "tanh", "exp", "hardsigmoid", "softmax", "log_softmax",
                      "sqrt", "rsqrt", "reciprocal", "elu"), _OUT),
-    **dict.fromkeys(("hardswish", "swish", "silu", "leaky_relu", "gelu", "mish", "softplus", "log",
-                     "square", "abs", "pow", "clip", "where", "tril", "triu"), _IN),
-    **dict.fromkeys(("gather", "gather_nd", "index_select", "take_along_axis", "index_sample",
-                     "put_along_axis"), ((1,), ())),
+    **dict.fromkeys(("hardswish", "swish", "leaky_relu", "gelu", "mish", "softplus", "log",
+                     "square", "abs", "pow", "clip", "where", "cumsum"), _IN),
+    **dict.fromkeys(("silu", "max", "min", "amax", "amin", "logsumexp"), ((0,), (0,))),   # x and out
+    **dict.fromkeys(("gather", "gather_nd", "index_select", "index_sample", "put_along_axis",
+                     "masked_select"), ((1,), ())),   # the index (or mask)
     "pool2d": ((0,), (0,)),
     "max_pool2d_with_index": ((), (1,)),          # the argmax mask
-    **dict.fromkeys(("argsort", "topk"), ((), (1,))),   # the indices
+    "argsort": ((), (1,)),                        # the indices
+    "topk": ((0,), (1,)),                         # x and the indices
     "cross_entropy_with_softmax": ((1,), (0,)),   # label, softmax
     **dict.fromkeys(("add", "subtract", "scale", "reshape", "transpose", "flatten", "squeeze",
                      "unsqueeze", "slice", "strided_slice", "split", "split_with_num", "concat", "stack",
-                     "unbind", "expand", "expand_as", "tile", "roll", "flip", "pad", "mean", "sum",
+                     "unbind", "expand", "expand_as", "tile", "roll", "flip", "pad", "pad3d", "mean", "sum",
                      "assign", "cast", "mean_all", "nearest_interp", "bilinear_interp", "full_like", "sign",
-                     "cumsum", "max", "min", "amax", "amin", "logsumexp"), _NOTHING),
+                     "floor", "ceil", "round", "tril", "triu"), _NOTHING),
 }
+# Ops whose kernels take contiguous inputs: given a non-contiguous view (a slice across the batch,
+# a transpose) they keep the contiguous copy made for them, not the view's base (measured op by op
+# with Paddle 3.3's host allocator; multiply, abs, conv2d, maximum, divide, matmul ... keep the view).
+_CONTIGUOUS_INPUTS = frozenset(("pow", "elementwise_pow", "hardswish", "swish", "gelu", "clip", "cumsum",
+                                "topk", "take_along_axis", "batch_norm", "sync_batch_norm", "logsumexp"))
+# A Tensor operator with a Python number (x * 2.0, 1 - x, x / k) runs Paddle's ``scale``, whose
+# backward reads no tensor. Not so a number divided by a tensor (2.0 / x: divide of a full tensor,
+# x and out, all kept), which the trace cannot tell from x / 2.0: it is under-counted.
+_SCALAR_ARITH = frozenset(("add", "subtract", "multiply", "divide"))
 _UID = "_zoo_mem_uid"
 _uids = itertools.count(1)
 
@@ -116,6 +135,22 @@ def _uid(t) -> int:
         u = next(_uids)
         setattr(t, _UID, u)
     return u
+
+
+def allocation(t) -> tuple[int, int] | None:
+    """(start address, bytes) of the allocation holding ``t``'s entries, or None without one. A
+    view (reshape, transpose, a slice: Paddle's stride kernels, on the GPU too) and the copy
+    ``x._use_gpudnn(False)`` every pooling function makes of its input share their base tensor's;
+    a kept view keeps all of it (DB's loss keeps two of the three channels of its maps by
+    slices, and with them the third). The address identifies an allocation only while it is
+    alive: :class:`SavedTensors` keeps every tensor it counted until it is dropped."""
+    try:
+        if not t._is_initialized():
+            return None
+        start, size = int(t.data_ptr()) - int(t._offset()), int(t._holder_size())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return (start, size) if start and size else None
 
 
 def _is_float(t) -> bool:
@@ -141,10 +176,15 @@ class Tally:
 class SavedTensors:
     """Probe observer: the tensors backward would keep, at the dtype the emulation's rule gives."""
 
-    def __init__(self, model, low_bytes: int, rule: emu.Emulation | None = None):
+    def __init__(self, model, low_bytes: int, rule: emu.Emulation | None = None, batch=None):
         self.low_bytes, self.rule = low_bytes, rule
-        self.params = {id(p): p for p in model.parameters()}
-        self.seen: dict[tuple[int, int], int] = {}   # (tensor uid, bytes per entry) -> bytes
+        self.params = {id(p): p for p in model.parameters()}                       # by object
+        self.param_allocs = {a[0]: p for p in model.parameters() if (a := allocation(p))}  # by address
+        # the batch's tensors are resident (the batch row): kept by an op at their own dtype they
+        # cost nothing more (the first conv keeps the image it reads)
+        self.resident = {a[0] for t in _tensors(batch) if (a := allocation(t))}
+        self.seen: dict[tuple, int] = {}               # (what, bytes per entry) -> bytes
+        self._alive: list = []                         # what was counted, so no address is reused
         self.weight_casts = 0                          # of which: parameters cast to another dtype
         self.largest = (0, "")                         # bytes, layer:op of the largest output
         self.unknown: set[str] = set()
@@ -157,17 +197,27 @@ class SavedTensors:
             low = emu.is_low(t) or t.dtype in (paddle.float16, paddle.bfloat16)
         return self.low_bytes if low else 4
 
-    def _save(self, t, per_entry: int) -> None:
-        key = (_uid(t), per_entry)
+    def _save(self, t, per_entry: int, copied: bool = False) -> None:
+        """Count ``t`` kept at ``per_entry`` bytes an entry; ``copied``: as the contiguous copy an
+        op of :data:`_CONTIGUOUS_INPUTS` makes of a non-contiguous view."""
+        alloc = allocation(t)
+        own = per_entry == self._entry_bytes(t, None) and not (copied and not t.is_contiguous())
+        if alloc is not None and own:                  # the tensor itself: its whole allocation
+            key, nbytes = (("allocation", alloc[0]), per_entry), alloc[1] // t.element_size() * per_entry
+        else:                                          # a cast to the op's dtype, or a copy: new
+            where = (alloc[0], int(t.data_ptr()), int(t.size)) if alloc is not None else ("object", _uid(t))
+            key, nbytes = (where, per_entry), int(t.size) * per_entry
         if key in self.seen:
             return
-        p = self.params.get(id(t))
+        p = self.param_allocs.get(alloc[0]) if alloc is not None else self.params.get(id(t))
         if p is not None:
             stored = self.low_bytes if getattr(p, emu.O2_PARAM, False) else 4
             if stored == per_entry:
                 return                                 # the parameter itself
-        nbytes = int(t.size) * per_entry
+        elif alloc is not None and own and alloc[0] in self.resident:
+            return                                     # a batch tensor itself
         self.seen[key] = nbytes
+        self._alive.append(t)
         if p is not None:
             self.weight_casts += nbytes
 
@@ -188,6 +238,8 @@ class SavedTensors:
         if all(t.stop_gradient for t in floats):
             return                                     # no backward node: nothing kept
         spec = SAVES.get(rec.op)
+        if rec.op in _SCALAR_ARITH and any(not isinstance(a, paddle.Tensor) for a in args[:2]):
+            spec = _NOTHING                            # Paddle's scale: keeps nothing
         if spec is None:
             self.unknown.add(rec.op)
             ins = [a for a in (*args, *kwargs.values()) if isinstance(a, paddle.Tensor)]
@@ -196,8 +248,9 @@ class SavedTensors:
         else:
             positions, spec_out = spec
             ins = [args[i] for i in positions if i < len(args) and isinstance(args[i], paddle.Tensor)]
+        copied = rec.op in _CONTIGUOUS_INPUTS
         for t in ins:
-            self._save(t, self._entry_bytes(t, low if _is_float(t) else None))
+            self._save(t, self._entry_bytes(t, low if _is_float(t) else None), copied)
         for i in spec_out:
             if i < len(outs):
                 self._save(outs[i], self._entry_bytes(outs[i], None))
@@ -209,21 +262,28 @@ class SavedTensors:
         return t
 
 
+def _leaves(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _leaves(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _leaves(v)
+    elif x is not None:
+        yield x
+
+
+def _tensors(batch) -> list:
+    return [x for x in _leaves(batch) if isinstance(x, paddle.Tensor)]
+
+
 def _batch_tally(batch) -> Tally:
     t = Tally()
-
-    def walk(x):
+    for x in _leaves(batch):
         if isinstance(x, paddle.Tensor):
             t.add(int(x.size) * x.element_size())
         elif isinstance(x, np.ndarray):
             t.add(x.nbytes)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-    walk(batch)
     return t
 
 
@@ -289,7 +349,7 @@ def trace(model, task, batch, amp) -> dict:
         autocast, low = rule, _low_bytes(amp.dtype)
     else:  # fp32: nothing is low; the probe still asks a rule for each op's mode
         rule, autocast, low = emu.Emulation("O1", "float16"), contextlib.nullcontext, 4
-    saved = SavedTensors(model, low, rule if amp.enabled else None)
+    saved = SavedTensors(model, low, rule if amp.enabled else None, batch)
     with Probe(model, rule, amp.dtype if amp.enabled else "float16", observer=saved, numerics=False) as probe:
         with autocast(), probe.forward():
             losses = task.losses(model, batch)
