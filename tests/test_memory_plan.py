@@ -119,13 +119,14 @@ class Chain(paddle.nn.Layer):
     """``h = x + w`` (w a 4x4 parameter over b x 1 x 4 x 4 inputs; add keeps nothing), then
     ``fn(h)``, summed (sum keeps nothing): what is kept is what ``fn`` keeps."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, layer=None):
         super().__init__()
         self.w = self.create_parameter([4, 4])
-        self.fn = fn
+        self.fn, self.layer = fn, layer       # a layer's weights are parameters, not counted
 
     def forward(self, x):
-        return self.fn(x + self.w).sum()
+        h = x + self.w
+        return (self.fn(h) if self.layer is None else self.fn(h, self.layer)).sum()
 
 
 B = 2
@@ -155,6 +156,16 @@ KEPT = {                # op(s) applied to h -> bytes its backward keeps, by han
     # ... unless the op takes contiguous inputs (pow): it keeps the copy made for it, one channel
     "slice_copied": (lambda h: paddle.concat([h, h + 1.0], 1)[:, 1] ** 2, MAP),
     "tril": (lambda h: paddle.tril(h), 0),                                    # nothing
+    # DB's ops: DBFPN's nearest upsampling and concat keep nothing; the binarisation step
+    # 1 / (1 + exp(-k (P - T))) keeps exp's and reciprocal's outputs (k * and 1 + are scale),
+    # here with P - T = h - h * h (multiply keeps h); hardswish keeps x, sigmoid its output
+    "nearest_concat": (lambda h: paddle.concat([F.interpolate(h, scale_factor=2, mode="nearest")] * 2, 1), 0),
+    "binarisation": (lambda h: paddle.reciprocal(1 + paddle.exp(-50 * (h - h * h))), 3 * MAP),
+    "hardswish_sigmoid": (lambda h: F.sigmoid(F.hardswish(h)), 2 * MAP),
+    # DB head's 2x2 stride-2 transposed conv and a depthwise conv keep their input (h)
+    "conv2d_transpose": (lambda h, conv: conv(h), MAP, lambda: paddle.nn.Conv2DTranspose(1, 1, 2, stride=2)),
+    "depthwise_conv2d": (lambda h, conv: conv(paddle.concat([h, h * 3.0], 1)), 2 * MAP,
+                         lambda: paddle.nn.Conv2D(2, 2, 3, padding=1, groups=2)),
 }
 
 
@@ -164,13 +175,18 @@ def test_what_an_op_keeps_by_hand_and_by_paddles_allocator(case):
 
     from paddle.base import core
 
-    fn, want = KEPT[case]
+    fn, want, *layer = KEPT[case]
+
+    def chain():
+        paddle.seed(0)
+        return Chain(fn, layer[0]() if layer else None)
+
     x = _batch(B)
-    t = M.trace(Chain(fn), SumTask(), x, FP32)
+    t = M.trace(chain(), SumTask(), x, FP32)
     assert t["activations"]["bytes"] == want and t["unknown_ops"] == []
     if not hasattr(core, "host_memory_stat_current_value"):
         return
-    net = Chain(fn)
+    net = chain()
     gc.collect()
     before = core.host_memory_stat_current_value("Allocated", 0)
     loss = net(x)             # every Python reference but the loss is gone: what is left, the graph keeps
