@@ -1,15 +1,28 @@
 """Evaluation shared by training (periodic and final) and tools/eval.py."""
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import paddle
 
+from zoo.amp.nonfinite import NonFiniteWatch, describe, merge
 from zoo.data import EvalBatchSampler, build_loader
 from zoo.utils import distributed as dist
 from zoo.utils.progress import progress as with_progress
 
+log = logging.getLogger(__name__)
+
+
+class EvalResult(dict):
+    """The metrics (a plain dict, as before) and ``numerics``: the evaluation's non-finite outputs
+    (zoo/amp/nonfinite.py: images, nonfinite_images, image_indices, first_layers)."""
+
+    numerics: dict
+
 
 def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
-             progress: bool = False, stop=None) -> dict[str, float]:
+             progress: bool = False, stop=None) -> EvalResult:
     """Run ``task.eval_stats`` over this rank's shard of ``val_set``, pool over ranks, compute metrics.
 
     A task with a ``begin_eval(val_set)`` method is told first, so it can collect per-image results
@@ -18,6 +31,10 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
     it would be deployed with. The model is left in eval mode; callers switch it back.
     ``stop`` (a :class:`~zoo.engine.signals.StopRequests`) is checked before every batch, so a stop
     signal ends the evaluation within one batch (:class:`~zoo.engine.signals.StopRequested`).
+
+    Every evaluation counts the images whose outputs hold inf or NaN and the layer where they start
+    (:class:`~zoo.amp.nonfinite.NonFiniteWatch`), pooled over ranks into ``result.numerics``; callers
+    print and record it (:func:`nonfinite_line`).
     """
     sampler = EvalBatchSampler(len(val_set), batch_size, dist.rank(), dist.world_size())
     loader = build_loader(val_set, sampler, num_workers)
@@ -25,25 +42,38 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
     if hasattr(task, "begin_eval"):  # tasks whose metric is not a sum over batches (COCO mAP)
         task.begin_eval(val_set)
     model.eval()
-    with paddle.no_grad(), amp.autocast():
-        for batch in with_progress(loader, total=len(sampler), desc="eval", unit="batches", leave=False,
-                                   disable=not (progress and dist.is_main())):
+    batches = with_progress(loader, total=len(sampler), desc="eval", unit="batches", leave=False,
+                            disable=not (progress and dist.is_main()))
+    with paddle.no_grad(), amp.autocast(), NonFiniteWatch(dist.unwrap(model)) as watch:
+        for indices, batch in zip(sampler, batches):
             if stop is not None:
                 stop.check()
+            watch.begin_batch(indices)
             for k, v in task.eval_stats(model, batch).items():
                 sums[k] = sums.get(k, 0.0) + v
-    return task.compute_metrics(dist.all_reduce_sums(sums))
+    result = EvalResult(task.compute_metrics(dist.all_reduce_sums(sums)))
+    numerics = watch.result()
+    result.numerics = merge(dist.all_gather_objects(numerics)) if dist.world_size() > 1 else numerics
+    return result
 
 
-def draw_samples(task, model, val_set, count: int, out_dir, prefix: str) -> list:
-    """Let the task draw its predictions on the first ``count`` validation images (if it can draw).
+def nonfinite_line(result, precision: str) -> str | None:
+    """One console line when the evaluation ``result`` had non-finite outputs, else None."""
+    said = describe(getattr(result, "numerics", None))
+    return f"non-finite outputs in the {precision} evaluation: {said}" if said else None
 
-    Detection tasks write PNGs with predicted and ground-truth boxes; tasks without a ``draw``
-    method (classification) write nothing. Returns the written paths.
+
+def draw_samples(task, model, val_set, count: int, out_dir, prefix: str, amp=None, caption: str = "") -> list:
+    """Let the task draw its predictions on the first ``count`` validation images (if it can draw),
+    computed under ``amp``'s autocast (the precision that was measured; FP32 when None) and titled
+    ``caption``.
+
+    Detection tasks write PNGs with predicted and ground-truth boxes and a legend; tasks without a
+    ``draw`` method (classification) write nothing. Returns the written paths.
     """
     if not hasattr(task, "draw") or count <= 0:
         return []
     sampler = EvalBatchSampler(min(count, len(val_set)), count)
     batch = next(iter(build_loader(val_set, sampler)))
-    with paddle.no_grad():
-        return task.draw(model, batch, out_dir, prefix)
+    with paddle.no_grad(), amp.autocast() if amp is not None else contextlib.nullcontext():
+        return task.draw(model, batch, out_dir, prefix, caption=caption)

@@ -1,6 +1,8 @@
 """tools/eval.py's body: evaluate a checkpoint with the same configs training used."""
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +11,7 @@ from omegaconf import DictConfig
 
 from zoo.amp import current_device
 from zoo.engine import checkpoint as ckpt
-from zoo.engine.evaluate import draw_samples, evaluate
+from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.from_run import resolve_weights, run_source
 from zoo.engine.run import ConfigError, build, build_amp, seed_everything, validate
 from zoo.engine.runinfo import announce, git_revision, write_json
@@ -39,6 +41,9 @@ def evaluate_weights(cfg: DictConfig) -> tuple:
     announce(amp.describe(device))
     metrics = evaluate(model, task, amp, val_set, cfg.model.eval_batch_size,
                        cfg.trainer.num_workers, cfg.trainer.progress)
+    said = nonfinite_line(metrics, amp.effective)
+    if said:
+        announce(f"warning: {said}", sys.stderr, logging.WARNING)
     return metrics, task, model, val_set, amp, source
 
 
@@ -50,13 +55,15 @@ def evaluate_checkpoint(cfg: DictConfig, out_dir: str | Path) -> dict:
     result = {"model": cfg.model.name, "data": cfg.data.name, "checkpoint": source,
               "run": (run_source(cfg, "checkpoint") or (None, None))[1],
               "requested_precision": amp.requested, "effective_precision": amp.effective,
-              "device": device.name, "metrics": metrics,
-              "primary_metric": {"name": task.primary_metric, "value": metrics[task.primary_metric]},
+              "device": device.name, "metrics": dict(metrics), "numerics": metrics.numerics,
+              "primary_metric": {"name": task.primary_metric, "value": metrics[task.primary_metric],
+                                 "nonfinite_images": metrics.numerics["nonfinite_images"]},
               "num_samples": len(val_set), "wall_time_s": time.time() - t0,
               "paddle_version": paddle.__version__, "git_revision": git_revision()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    drawn = draw_samples(task, model, val_set, cfg.trainer.draw_samples, out_dir / "drawings", "eval")
+    drawn = draw_samples(task, model, val_set, cfg.trainer.draw_samples, out_dir / "drawings",
+                         f"eval_{amp.effective}", amp, f"predictions in {amp.effective}")
     result["drawings"] = [str(p) for p in drawn]
     write_json(out_dir / "eval.json", result)
     if cfg.get("output"):

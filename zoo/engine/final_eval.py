@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 
 from zoo.amp import Amp
-from zoo.engine.evaluate import evaluate
+from zoo.engine.evaluate import evaluate, nonfinite_line
 from zoo.utils import distributed as dist
 from zoo.utils.checks import COUNT_OR_ZERO, check
 
@@ -63,27 +63,33 @@ def after_training(trainer, make_model, metrics: dict, eval_precision: str, n_re
     task, primary = trainer.task, trainer.task.primary_metric
     trainer.phase = "final evaluation"  # a stop signal is honoured between the parts (trainer.stop)
     trainer.stop.check()
+    numerics = trainer.last_eval.get("numerics") or {}
     own = {"name": primary, "value": metrics[primary], "evaluated_in": trainer.amp.effective,
-           "ci": _bootstrap(task, n_resamples)}
+           "ci": _bootstrap(task, n_resamples), "nonfinite_images": numerics.get("nonfinite_images")}
     trainer.stop.check()
     out = {"eval_precision": eval_precision, "primary_metric": own}
     if eval_precision == "train":
         return out
     if not trainer.amp.active:  # an FP32 run: its evaluation already is the FP32 one
-        fp32_metrics, fp32_ci = dict(metrics), own["ci"]
+        fp32_metrics, fp32_ci, fp32_numerics = dict(metrics), own["ci"], numerics
     else:
         trainer.phase = "FP32 evaluation"
         model = make_model()
         model.set_state_dict(_fp32_weights(trainer))
         fp32_metrics = evaluate(model, task, Amp(), trainer.val_set, trainer.eval_batch_size,
                                 trainer.settings.num_workers, False, stop=trainer.stop)
-        fp32_ci = _bootstrap(task, n_resamples)
+        fp32_ci, fp32_numerics = _bootstrap(task, n_resamples), fp32_metrics.numerics
         trainer.stop.check()
         if dist.is_main():
             log.info("FP32 evaluation of the final weights: %s %.4f (%s: %.4f)", primary,
                      fp32_metrics[primary], trainer.amp.effective, metrics[primary])
-    out["metrics_fp32_eval"] = fp32_metrics
-    fp32_primary = {"name": primary, "value": fp32_metrics[primary], "evaluated_in": "fp32", "ci": fp32_ci}
+            said = nonfinite_line(fp32_metrics, "fp32")
+            if said:
+                log.warning("%s", said)
+    out["metrics_fp32_eval"] = dict(fp32_metrics)
+    out["eval_numerics_fp32"] = fp32_numerics
+    fp32_primary = {"name": primary, "value": fp32_metrics[primary], "evaluated_in": "fp32", "ci": fp32_ci,
+                    "nonfinite_images": fp32_numerics.get("nonfinite_images")}
     out["primary_metric_fp32_eval"] = fp32_primary
     if eval_precision == "fp32":
         out["primary_metric"] = fp32_primary

@@ -27,6 +27,7 @@ import zoo
 from zoo.amp import Amp, DeviceInfo, current_device
 from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
+from zoo.amp.nonfinite import describe as describe_nonfinite
 from zoo.engine import final_eval, provenance
 from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
@@ -359,7 +360,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
         "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": facts.lr,
         "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
         "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
-        "metrics": result["metrics"], "best": result["best"],
+        "metrics": result["metrics"], "eval_numerics": result["numerics"], "best": result["best"],
         "images_per_s": result["images_per_s"], "train_time_s": result["train_time_s"],
         # a resumed run's wall time includes the segments before the resume (checkpoint "wall_time")
         "wall_time_s": trainer.wall_before_resume + time.time() - t0,
@@ -385,7 +386,9 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
         folder = f"; run folder {out_dir}" if announce_folder else ""
         value = summary["primary_metric"]["value"]
         shown = f"{primary} {value:.4f}" if value is not None else "not evaluated (trainer.final_eval=false)"
-        announce(f"{shown} after {trainer.step} steps ({summary['effective_precision']}){folder}")
+        said = describe_nonfinite(result["numerics"])
+        said = f"; {said} (summary.json eval_numerics)" if said else ""
+        announce(f"{shown} after {trainer.step} steps ({summary['effective_precision']}){said}{folder}")
     if summary["all_steps_skipped"]:
         raise NoStepUpdated(
             f"every one of the {trainer.step} steps was skipped (inf/NaN gradients at each step, "

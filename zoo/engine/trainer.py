@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoo.amp import Amp
 from zoo.amp.guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
-from zoo.engine.evaluate import draw_samples, evaluate
+from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
 from zoo.utils import distributed as dist
@@ -236,13 +237,24 @@ class Trainer:
             self.stop.check()
             model = dist.unwrap(self.model)
             with self.ema.applied(model) if self.ema is not None else contextlib.nullcontext():
-                draw_samples(self.task, model, self.val_set, self.settings.draw_samples,
-                             self.out_dir / "drawings", f"step{self.step}")
+                for label, amp in self._drawing_precisions():
+                    draw_samples(self.task, model, self.val_set, self.settings.draw_samples,
+                                 self.out_dir / "drawings", f"step{self.step}_{label}", amp,
+                                 f"step {self.step}, predictions in {label}")
             self.stop.check()
-        return {"metrics": final, "best": self.best, "resumed_from": self.resumed_from,
+        return {"metrics": final, "numerics": self.last_eval.get("numerics") if final else None,
+                "best": self.best, "resumed_from": self.resumed_from,
                 "resume_changes": self.resume_changes,
                 "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
                 "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
+
+    def _drawing_precisions(self) -> list:
+        """(label, amp) pairs to draw in: the training precision, which the evaluation measured, and
+        FP32 beside it when that differs and this model can run it (not a model decorated for O2)."""
+        pairs = [(self.amp.effective, self.amp)]
+        if self.amp.active and (self.amp.emulated or self.amp.level != "O2"):
+            pairs.append(("fp32", Amp()))
+        return pairs
 
     def _loop(self, data_iter, bar) -> None:
         window = {"steps": 0, "time": 0.0, "terms": {}}
@@ -361,10 +373,14 @@ class Trainer:
                 if self.main:
                     ckpt.atomic_save(model.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.BEST)
         model.train()
-        self.metrics.write("eval", self.step, **metrics)
-        self.last_eval = {"step": self.step, "metrics": metrics}
+        numerics = metrics.numerics
+        self.metrics.write("eval", self.step, **metrics, nonfinite_images=numerics["nonfinite_images"])
+        self.last_eval = {"step": self.step, "metrics": metrics, "numerics": numerics}
         self.phase, self.eval_pending = "training", False
         if self.main:
             log.info("eval at step %d: %s", self.step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            said = nonfinite_line(metrics, self.amp.effective)
+            if said:
+                log.warning("step %d: %s", self.step, said)
         return metrics
 

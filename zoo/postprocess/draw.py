@@ -50,6 +50,29 @@ def _canvas(image) -> np.ndarray:
     return image
 
 
+def with_legend(image_bgr: np.ndarray, title: str, entries) -> np.ndarray:
+    """``image_bgr`` with a strip below it: ``title`` (e.g. the precision the predictions were made
+    in) and one colour swatch per ``(BGR colour, text)`` entry. The canvas widens (white) when the
+    text is wider than the image."""
+    font, size = cv2.FONT_HERSHEY_SIMPLEX, 0.4
+    lines = [(None, title)] + [(c, t) for c, t in entries]
+    widths = [cv2.getTextSize(t, font, size, 1)[0][0] + (16 if c is not None else 0) for c, t in lines]
+    h, w = image_bgr.shape[:2]
+    width = max(w, max(widths) + 8)
+    strip = np.full((14 * len(lines) + 6, width, 3), 255, np.uint8)
+    for k, (color, text) in enumerate(lines):
+        y = 14 * k + 14
+        x = 4
+        if color is not None:
+            cv2.rectangle(strip, (x, y - 9), (x + 10, y), tuple(int(v) for v in color), -1)
+            x += 16
+        cv2.putText(strip, text, (x, y), font, size, (0, 0, 0), 1, cv2.LINE_AA)
+    canvas = np.full((h + strip.shape[0], width, 3), 255, np.uint8)
+    canvas[:h, :w] = _canvas(image_bgr)
+    canvas[h:] = strip
+    return canvas
+
+
 def _class_color(label: int) -> tuple[int, int, int]:
     """A fixed, saturated BGR colour per class (golden-ratio hue steps), never pure green."""
     hue = int((label * 0.618033988749895 % 1.0) * 180)

@@ -23,6 +23,7 @@ import paddle
 from zoo.losses import PPYOLOELoss
 from zoo.metrics.coco_eval import COCOMetric
 from zoo.postprocess import draw_boxes
+from zoo.postprocess.draw import GT_COLOR, with_legend
 from zoo.postprocess.nms import multiclass_nms
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 from zoo.utils import distributed as dist
@@ -136,9 +137,11 @@ class PPYOLOETask:
 
     # ---- drawing ------------------------------------------------------------------------------
     @paddle.no_grad()
-    def draw(self, model, batch, out_dir, prefix: str = "det", score_threshold: float = 0.3) -> list[Path]:
+    def draw(self, model, batch, out_dir, prefix: str = "det", caption: str = "",
+             score_threshold: float = 0.3) -> list[Path]:
         """Write ``<out_dir>/<prefix>_<i>.png`` per image: ground truth green, detections with class
-        name and score (those above ``score_threshold``), drawn on the resized network input."""
+        name and score (those above ``score_threshold``), drawn on the resized network input, with a
+        legend strip titled ``caption`` (the precision the forward ran in) when given."""
         predictions = predict_in_eval_mode(self, model, batch)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +157,10 @@ class PPYOLOETask:
             image = draw_boxes(self.viewable(images[i]), boxes[keep] * to_input, labels[keep], scores[keep],
                                self.class_names, gt_boxes=gt_boxes[i][real[i]] * to_input,
                                gt_labels=gt_labels[i].reshape(-1)[real[i]])
+            if caption:
+                image = with_legend(image, caption, [(GT_COLOR, "ground truth"),
+                                                     ((128, 128, 128), f"detection: class score >= {score_threshold:g},"
+                                                      " one colour per class")])
             path = out_dir / f"{prefix}_{i}.png"
             cv2.imwrite(str(path), image)
             paths.append(path)

@@ -18,6 +18,7 @@ from zoo.losses import DBLoss
 from zoo.metrics.bootstrap import bootstrap_hmean, hmean_from_sums
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
+from zoo.postprocess.draw import DET_COLOR, GT_COLOR, IGNORED_COLOR, with_legend
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 from zoo.utils import distributed as dist
 
@@ -105,8 +106,9 @@ class DBTask:
 
 
     @paddle.no_grad()
-    def draw(self, model, batch, out_dir, prefix: str = "det") -> list[Path]:
-        """Write ``<out_dir>/<prefix>_<i>.png`` per image: GT green, ignored GT red, detections blue.
+    def draw(self, model, batch, out_dir, prefix: str = "det", caption: str = "") -> list[Path]:
+        """Write ``<out_dir>/<prefix>_<i>.png`` per image: GT green, ignored GT red, detections blue,
+        with a legend strip titled ``caption`` (the precision the forward ran in) when given.
 
         Drawn on the resized network input, so boxes (source pixels) are scaled by (ratio_w, ratio_h).
         The model is put in eval mode for the forward and restored afterwards.
@@ -121,6 +123,10 @@ class DBTask:
             dets = [np.asarray(b, np.float64).reshape(-1, 2) * scale for b in boxes]
             gts = [np.asarray(g, np.float64).reshape(-1, 2) * scale for g in gt]
             path = out_dir / f"{prefix}_{i}.png"
-            cv2.imwrite(str(path), draw_detections(self.viewable(images[i]), dets, gts, ign))
+            image = draw_detections(self.viewable(images[i]), dets, gts, ign)
+            if caption:
+                image = with_legend(image, caption, [(DET_COLOR, "detection"), (GT_COLOR, "ground truth"),
+                                                     (IGNORED_COLOR, "ignored (###)")])
+            cv2.imwrite(str(path), image)
             paths.append(path)
         return paths
