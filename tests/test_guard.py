@@ -1,6 +1,8 @@
 """Numerics guard and loss-scale dynamics through the real engine under emulated fp16."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import paddle
 import pytest
@@ -9,7 +11,8 @@ from zoo.amp import Amp, DeviceInfo
 from zoo.amp.guard import NumericsGuard, NumericsGuardStop
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.metrics_log import read_metrics
-from zoo.engine.run import train
+from zoo.diagnostics.nonfinite_step import locate_and_describe
+from zoo.engine.run import GuardStopped, train
 
 HUGE = f"amp.init_loss_scaling={2.0**40}"
 
@@ -35,18 +38,25 @@ def test_consecutive_skips_stop_with_checkpoint_and_names(tiny_cfg, tmp_path):
     # calibrating: see test_calibration_from_an_absurd_scale_is_not_a_failure).
     cfg = tiny_cfg("amp=O1", HUGE, "amp.use_dynamic_loss_scaling=false", "trainer.max_steps=20",
                    "amp.guard.max_consecutive_skips=3")
-    with pytest.raises(NumericsGuardStop, match="3 consecutive steps skipped") as err:
+    with pytest.raises(GuardStopped, match="3 consecutive steps skipped") as err:
         train(cfg, tmp_path)
     assert "non-finite gradients in:" in str(err.value) and "checkpoint saved" in str(err.value)
+    assert "python tools/amp_doctor.py model=resnet_tiny amp=O1" in str(err.value)
+    assert err.value.exit_status == 3
     assert ckpt.load(tmp_path / "checkpoints" / ckpt.LAST)["step"] == 3
     assert read_metrics(tmp_path / "metrics.jsonl", "guard")[-1]["consecutive"] == 3
+    summary = json.loads((tmp_path / "summary.json").read_text())  # docs/bad_input.md: exit 3 + summary.json
+    assert summary["status"] == "stopped_by_guard" and summary["steps"] == 3 and summary["skipped_steps"] == 3
+    assert summary["all_steps_skipped"] and summary["primary_metric"]["value"] is None
+    assert "3 consecutive steps skipped" in summary["stop_reason"]
 
 
 def test_loss_scale_floor_stops_when_asked(tiny_cfg, tmp_path):
     cfg = tiny_cfg("amp=O1", HUGE, "trainer.max_steps=20", f"amp.guard.min_loss_scale={2.0**39}",
                    "amp.guard.on_min_loss_scale=stop")
-    with pytest.raises(NumericsGuardStop, match="fell below amp.guard.min_loss_scale"):
+    with pytest.raises(GuardStopped, match="fell below amp.guard.min_loss_scale"):
         train(cfg, tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "stopped_by_guard"
 
 
 def test_first_nonfinite_layer_is_named():
@@ -88,8 +98,31 @@ def test_guard_stops_paddleocr_static_scale_setup_on_db(tiny_cfg, tmp_path):
                    "amp.use_dynamic_loss_scaling=false", "amp.init_loss_scaling=1.0",
                    "amp.guard.max_consecutive_skips=3", "trainer.max_steps=8", "model.batch_size=2",
                    "data.builder.num_train=16", "data.builder.num_val=4", "model.eval_batch_size=4")
-    with pytest.raises(NumericsGuardStop, match="3 consecutive steps skipped"):
-        train(cfg, tmp_path)
+    with pytest.raises(GuardStopped, match="3 consecutive steps skipped") as err:
+        train(cfg, tmp_path, locate_nonfinite=locate_and_describe)
+    # the cause, not the first parameters in model order: exp's fp16 output overflows in the head,
+    # and its backward (computed from that inf) is where the NaN gradients start
+    assert "first non-finite output in the forward: head:exp (DBHead)" in str(err.value)
+    origin = json.loads((tmp_path / "summary.json").read_text())["nonfinite_origin"]
+    assert origin["forward"] == {"op": "head:exp", "layer_type": "DBHead"}
+    assert origin["backward"]["layer_type"] == "DBHead"
+
+
+def test_locate_finds_a_backward_only_overflow():
+    """Forward finite, gradient beyond fp16: the first non-finite gradient is named, the forward is clean."""
+    amp = Amp(name="O1", enabled=True, use_dynamic_loss_scaling=False, init_loss_scaling=1.0)
+    lin = paddle.nn.Linear(4, 4, bias_attr=False)  # its output stays fp16 (no fp32 bias to promote it)
+    amp.setup(lin, paddle.optimizer.SGD(0.1, parameters=lin.parameters()), DeviceInfo("cpu", "cpu"))
+    x = paddle.full([2, 4], 1.0)
+
+    def forward():
+        with amp.autocast():
+            y = lin(x)
+        return y.astype("float32").sum() * 1e6  # gradient 1e6 into the fp16 matmul output
+
+    found, said = locate_and_describe(lin, forward, lambda loss: loss.backward())
+    assert found["forward"] is None and found["backward"] is not None
+    assert "first non-finite gradient in the backward" in said
 
 
 def test_paddle_skip_print_is_silenced_and_the_console_is_rate_limited(capsys, caplog):

@@ -376,6 +376,27 @@ def test_eval_noise_and_eval_only_effect_are_shown(tmp_path, capsys):
     assert "Eval-only effect" not in out and "eval-only effect" in (sweep / "report" / "index.html").read_text()
 
 
+def test_a_metric_on_nonfinite_outputs_is_never_shown_without_saying_so(tmp_path, capsys):
+    """summary.json's eval_numerics (issue 39): a run whose evaluation had inf/NaN outputs is named in
+    the table's metric cell and per seed below it."""
+    sweep = tmp_path / "sweep"
+    for seed in range(3):
+        make_run(sweep, f"fp32_{seed}", seed, 0.70, requested="fp32", effective="fp32", paired=True,
+                 eval_numerics={"images": 100, "nonfinite_images": 0})
+        bad = 28 if seed == 1 else 0
+        make_run(sweep, f"amp_{seed}", seed, 0.69, paired=True,
+                 primary_metric={"name": "top1", "value": 0.69, "nonfinite_images": bad},
+                 eval_numerics={"images": 100, "nonfinite_images": bad, "first_layers": {"a (Conv2D)": bad}})
+    report_tool.main([str(sweep)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| resnet18") and "emulated" in line)
+    assert "**non-finite outputs** in 1 run (up to 28 of 100 images)" in row
+    assert "- **non-finite outputs** in the evaluation behind the metric (emulated-fp16-O1 runs; images of 100): " \
+           "seed 1 28" in out
+    fp32_row = next(line for line in out.splitlines() if line.startswith("| resnet18") and "/ fp32 |" in line)
+    assert "non-finite" not in fp32_row
+
+
 def test_a_split_noisier_than_the_margin_is_named(tmp_path, capsys):
     """The seed-paired test holds the validation images fixed: when one run's evaluation noise is
     wider than the margin (resnet18's 1000-image quick split, ±2.9 pp against ±1 pp), the report says

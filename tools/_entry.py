@@ -203,7 +203,7 @@ def run_or_exit(fn, *args):
     """
     from omegaconf.errors import OmegaConfBaseException
 
-    from zoo.engine.run import NoStepUpdated
+    from zoo.engine.run import NumericsFailed
     from zoo.engine.runinfo import announce
     from zoo.engine.signals import TrainingInterrupted
 
@@ -212,7 +212,7 @@ def run_or_exit(fn, *args):
     except TrainingInterrupted as stop:
         announce(str(stop), sys.stderr, logging.WARNING)
         sys.exit(stop.exit_status)
-    except NoStepUpdated as none:  # summary.json is written; exit 3 so a script or sweep sees it
+    except NumericsFailed as none:  # summary.json is written; exit 3 so a script or sweep sees it
         announce(f"error: {none}", sys.stderr, logging.ERROR)
         sys.exit(none.exit_status)
     except KeyboardInterrupt:

@@ -23,8 +23,11 @@ def _predict_memory(cfg: DictConfig, effective: str, batch: int) -> dict:
 def main(cfg: DictConfig) -> float:
     from zoo.engine.run import train
 
-    summary = _entry.run_or_exit(lambda c, out: train(c, out, predict_memory=_predict_memory), cfg,
-                                 HydraConfig.get().runtime.output_dir)
+    from zoo.diagnostics.nonfinite_step import locate_and_describe
+
+    summary = _entry.run_or_exit(
+        lambda c, out: train(c, out, predict_memory=_predict_memory, locate_nonfinite=locate_and_describe),
+        cfg, HydraConfig.get().runtime.output_dir)
     return summary["primary_metric"]["value"]
 
 

@@ -27,7 +27,9 @@ import zoo
 from zoo.amp import Amp, DeviceInfo, current_device
 from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
+from zoo.amp.guard import NumericsGuardStop
 from zoo.amp.nonfinite import describe as describe_nonfinite
+from zoo.engine import checkpoint as ckpt
 from zoo.engine import final_eval, provenance
 from zoo.engine.compiled import COMPILED_SCOPE, check_compile
 from zoo.engine.ema import ModelEMA
@@ -60,11 +62,19 @@ RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples", 
 PREDICT_MEMORY = ("auto", "on", "off")
 
 
-class NoStepUpdated(RuntimeError):
+class NumericsFailed(RuntimeError):
+    """The run's numerics failed (inf/NaN gradients): raised after summary.json is written, exit 3."""
+
+    exit_status = 3
+
+
+class NoStepUpdated(NumericsFailed):
     """Every training step was skipped (the loss scaler found inf/NaN each time): the weights are
     the initial ones. Raised after summary.json is written (``all_steps_skipped: true``)."""
 
-    exit_status = 3
+
+class GuardStopped(NumericsFailed):
+    """The numerics guard stopped the run (amp.guard.*); summary.json says ``status: stopped_by_guard``."""
 
 
 class ConfigError(ValueError):
@@ -295,18 +305,20 @@ MemoryPredictor = Callable[[DictConfig, str, int], dict]
 
 
 def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
-          predict_memory: MemoryPredictor | None = None) -> dict:
+          predict_memory: MemoryPredictor | None = None, locate_nonfinite=None) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
     The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
     line names it unless ``announce_folder`` is false (a temporary folder, as tools/benchmark.py uses).
     ``predict_memory`` (tools/train.py passes :func:`zoo.diagnostics.memory.summary_prediction`) is
     called after the run, on rank 0, when ``trainer.predict_memory`` asks for it on this device;
-    its keys go into summary.json beside ``peak_memory_mb``.
+    its keys go into summary.json beside ``peak_memory_mb``. ``locate_nonfinite`` (tools/train.py
+    passes :func:`zoo.diagnostics.nonfinite_step.locate_and_describe`) names the first non-finite op
+    when the numerics guard stops the run.
     """
     out_dir = Path(out_dir)
     with RunLock(out_dir, enabled=dist.is_main()):
-        return _train(cfg, out_dir, announce_folder, predict_memory)
+        return _train(cfg, out_dir, announce_folder, predict_memory, locate_nonfinite)
 
 
 def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryPredictor | None) -> dict:
@@ -325,11 +337,39 @@ def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryP
         return {"predicted_peak_memory_mb": None, "predicted_memory": {"error": f"{type(err).__name__}: {err}"}}
 
 
+def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: Path, stop: Exception,
+                   wall_s: float) -> GuardStopped:
+    """summary.json of a run the numerics guard stopped (no metric: the weights are not the result),
+    and the error to raise (exit 3)."""
+    amp = facts.amp
+    doctor = f"python tools/amp_doctor.py model={cfg.model.name} amp={cfg.amp.name}"
+    message = (f"{stop}; see it before a run with '{doctor}' (plus this run's other overrides); "
+               f"summary.json: status stopped_by_guard")
+    summary = {
+        "status": "stopped_by_guard", "stop_reason": str(stop), "nonfinite_origin": trainer.nonfinite_origin,
+        "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
+        "requested_precision": amp.requested, "effective_precision": amp.effective,
+        "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
+        "steps": trainer.step, "skipped_steps": amp.skipped_steps,
+        "all_steps_skipped": trainer.step > 0 and amp.skipped_steps >= trainer.step,
+        "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
+        "guard_events": trainer.guard.events[-100:], "guard_event_count": len(trainer.guard.events),
+        "primary_metric": {"name": trainer.task.primary_metric, "value": None, "evaluated_in": None, "ci": None},
+        "metrics": {}, "wall_time_s": wall_s, "paddle_version": paddle.__version__,
+        "git_revision": git_revision(), "run_dir": str(out_dir),
+        "checkpoint": str(out_dir / ckpt.CKPT_DIR / ckpt.LAST),
+    }
+    if dist.is_main():
+        write_json(out_dir / "summary.json", summary)
+    return GuardStopped(message)
+
+
 def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
-           predict_memory: MemoryPredictor | None = None) -> dict:
+           predict_memory: MemoryPredictor | None = None, locate_nonfinite=None) -> dict:
     t0 = time.time()
     git_revision()  # fixed now, before training: the revision of the code this process runs
     trainer, facts = build_trainer(cfg, out_dir)
+    trainer.locate_nonfinite = locate_nonfinite
     amp, compiled = facts.amp, trainer.settings.compile
     data_report = facts.data_report
     if dist.is_main():
@@ -341,7 +381,10 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
     # One signal handling from the first step to the last evaluation: a stop in any phase leaves a
     # checkpoint of the last completed step (written before the final evaluation) and one line.
     with trainer.handling_signals():
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except NumericsGuardStop as stop:
+            raise _guard_stopped(cfg, trainer, facts, out_dir, stop, time.time() - t0) from None
         if result["metrics"]:
             evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
                                               cfg.trainer.get("eval_precision", "train"),

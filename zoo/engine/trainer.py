@@ -79,6 +79,10 @@ class Trainer:
         self.model, self.task, self.amp = model, task, amp
         # the numerics guard watches every step; the Amp component configures it (amp.guard.*)
         self.guard = guard if guard is not None else NumericsGuard()
+        # (model, forward, backward) -> (found, one clause): where a guard stop's inf/NaN starts; the entry
+        # point passes zoo.diagnostics.nonfinite_step (the engine does not import diagnostics)
+        self.locate_nonfinite = None
+        self.nonfinite_origin: dict | None = None
         self.optimizer, self.scheduler, self.ema = optimizer, scheduler, ema
         self.train_set, self.val_set = train_set, val_set
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
@@ -272,7 +276,7 @@ class Trainer:
                 window["terms"][k] = window["terms"].get(k, 0.0) + v
             self.step += 1
             bar.update(1)
-            self._guard(stepped, bad)
+            self._guard(stepped, bad, batch)
             self._after_step(window, bar)
             self.stop.check()  # a signal during the step: save it (handling_signals) and stop
 
@@ -322,18 +326,34 @@ class Trainer:
             self.ema.update(dist.unwrap(self.model))
         return values, stepped, bad
 
-    def _guard(self, stepped: bool, bad: list[str]) -> None:
-        """Numerics guard after each step; on a stop, save the evidence first."""
+    def _guard(self, stepped: bool, bad: list[str], batch) -> None:
+        """Numerics guard after each step; on a stop, save the evidence first, then find where the
+        inf or NaN starts (:attr:`locate_nonfinite`, re-running the step) and say so."""
         try:
             events = self.guard.after_step(self.step, stepped, self.amp.loss_scale, bad)
         except NumericsGuardStop as stop:
             for e in self.guard.events[-1:]:
                 self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
             self.save_checkpoint()
-            raise NumericsGuardStop(f"{stop}; checkpoint saved: "
+            where = self._locate_nonfinite(batch)
+            raise NumericsGuardStop(f"{stop}; {where}; checkpoint saved: "
                                     f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}") from None
         for e in events:
             self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
+
+    def _locate_nonfinite(self, batch) -> str:
+        """The first op whose output or gradient was non-finite, on this batch (after the checkpoint:
+        the re-run's train-mode forward moves BatchNorm statistics). Recorded in
+        :attr:`nonfinite_origin` for summary.json."""
+        if self.locate_nonfinite is None or dist.world_size() > 1:
+            return "the op was not located (run tools/amp_doctor.py with the same overrides)"
+        model = dist.unwrap(self.model)
+        try:
+            found, said = self.locate_nonfinite(model, lambda: self.forward_losses(batch)["loss"], self.amp.backward)
+        finally:
+            self.optimizer.clear_grad()
+        self.nonfinite_origin = found
+        return said
 
     def _after_step(self, window: dict, bar) -> None:
         self.scheduler.step()  # hook 1: lr_step

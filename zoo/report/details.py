@@ -9,8 +9,8 @@ def _pp(x: float) -> str:
     return f"{x:+.2f}"
 
 
-def _seed_list(items) -> str:
-    return ", ".join(f"seed {seed} {_pp(v)}" for seed, v in items)
+def _seed_list(items, fmt: str | None = None) -> str:
+    return ", ".join(f"seed {seed} {fmt.format(v) if fmt else _pp(v)}" for seed, v in items)
 
 
 def seed_ranges(seeds) -> str:
@@ -72,6 +72,23 @@ def power_text(side: dict, delta: float) -> str:
     return text
 
 
+def nonfinite_lines(entry: dict, side: dict) -> list[str]:
+    """Runs whose evaluation had inf/NaN outputs (summary.json eval_numerics), per seed."""
+    lines = []
+    for s in (entry["fp32"], side):
+        if not s:
+            continue
+        counts = s.get("nonfinite") or {}
+        for key, what in (("primary", "the evaluation behind the metric"),
+                          ("train_precision", f"the {s['precision']} evaluation")):
+            bad = counts.get(key) or {}
+            if bad and not (key == "train_precision" and bad == counts.get("primary")):
+                lines.append(f"- **non-finite outputs** in {what} ({s['precision']} runs; images of "
+                             f"{counts.get('images')}): "
+                             + _seed_list(sorted(bad.items(), key=lambda kv: seed_order(kv[0])), "{}"))
+    return lines
+
+
 def comparison_lines(entry: dict, side: dict) -> list[str]:
     """Markdown lines explaining one AMP-vs-FP32 comparison."""
     lines = [f"**{entry['group']} / {side['precision']} vs fp32**: {side['test']} ({side['test_reason']}); "
@@ -86,6 +103,7 @@ def comparison_lines(entry: dict, side: dict) -> list[str]:
         lines.append(f"- eval-only effect ({side['precision']} evaluation − FP32 evaluation of the same "
                      f"final weights): mean {_pp(effect['mean'])} pp; "
                      + _seed_list(sorted(effect["per_seed"].items(), key=lambda kv: seed_order(kv[0]))))
+    lines += nonfinite_lines(entry, side)
     noise = []
     for s in (entry["fp32"], side):
         if s is None:

@@ -76,6 +76,11 @@ def _side(runs: list[Run]) -> dict:
     cis = [r.eval_ci for r in runs]
     halves = [(c["high"] - c["low"]) * 50.0 for c in cis if c]
     effects = {r.summary["seed"]: r.eval_only_effect for r in runs if r.eval_only_effect is not None}
+    # per seed: images with inf/NaN outputs behind the primary metric / in the training precision
+    nonfinite = {r.summary["seed"]: r.nonfinite_images for r in runs if r.nonfinite_images}
+    nonfinite_train = {r.summary["seed"]: r.train_precision_nonfinite_images for r in runs
+                       if r.train_precision_nonfinite_images}
+    images = max((int((r.summary.get("eval_numerics") or {}).get("images") or 0) for r in runs), default=0)
     return {"precision": runs[0].variant, "n": len(runs), "seeds": [x["seed"] for x in s],
             "values": vals.tolist(), "mean": float(vals.mean()),
             "eval_ci": [{"seed": r.summary["seed"], "low": c["low"] * 100.0, "high": c["high"] * 100.0,
@@ -84,6 +89,7 @@ def _side(runs: list[Run]) -> dict:
             "eval_ci_half_width": float(np.mean(halves)) if halves else None,
             "eval_only_effect": ({"mean": float(np.mean(list(effects.values()))), "per_seed": effects}
                                  if effects else None),
+            "nonfinite": {"primary": nonfinite, "train_precision": nonfinite_train, "images": images},
             "std": float(vals.std(ddof=1)) if len(vals) > 1 else 0.0,
             "batch_size_per_rank": s[0].get("batch_size_per_rank"),
             "global_batch_size": s[0].get("global_batch_size"), "world_size": s[0].get("world_size"),

@@ -36,6 +36,10 @@ def _row(entry: dict, side: dict, is_ref: bool) -> list[str]:
         mem += f" ({side['peak_memory_kind']})"
     std = f"{side['std']:.2f}" if side["n"] > 1 else "—"
     metric = f"{entry['metric']} {side['mean']:.2f} ± {std} ({side['n']})"
+    bad = (side.get("nonfinite") or {}).get("primary") or {}
+    if bad:  # never a metric computed on inf/NaN outputs without saying so
+        metric += (f"; **non-finite outputs** in {len(bad)} run{'s' if len(bad) > 1 else ''} "
+                   f"(up to {max(bad.values())} of {side['nonfinite']['images']} images)")
     noise = _num(side.get("eval_ci_half_width"), "±{:.2f} pp")
     if is_ref:
         diff, ci, test, verdict = "—", "—", "—", "reference"

@@ -61,6 +61,20 @@ class Run:
         return ci if ok else None
 
     @property
+    def nonfinite_images(self) -> int | None:
+        """Images with inf/NaN outputs in the evaluation behind the primary metric (None: not counted,
+        a summary.json from before the count)."""
+        n = self.summary["primary_metric"].get("nonfinite_images")
+        return int(n) if isinstance(n, (int, float)) else None
+
+    @property
+    def train_precision_nonfinite_images(self) -> int | None:
+        """Images with inf/NaN outputs in the evaluation in the training precision (summary.json's
+        ``eval_numerics``), whichever evaluation the primary metric is."""
+        n = (self.summary.get("eval_numerics") or {}).get("nonfinite_images")
+        return int(n) if isinstance(n, (int, float)) else None
+
+    @property
     def eval_only_effect(self) -> float | None:
         """Training-precision minus FP32 evaluation of the same final weights, in pp (AMP runs)."""
         fp32 = self.summary.get("metrics_fp32_eval")
