@@ -27,8 +27,8 @@ def test_short_db_run_writes_summary_and_drawings(model, tmp_path):
                                       "step2_fp32_0.png", "step2_fp32_1.png"]
     img = cv2.imread(str(pngs[0]))
     assert img is not None and img.shape[0] > 256 and img.shape[1] >= 256
-    assert summary["eval_numerics"] == {"images": 4, "nonfinite_images": 0, "image_indices": [],
-                                        "first_layers": {}}
+    assert summary["eval_numerics"] == {"images": 4, "watched": "layers", "nonfinite_images": 0, "nonfinite_output_images": 0,
+                                        "image_indices": [], "first_layers": {}}
     assert summary["primary_metric"]["nonfinite_images"] == 0
 
 

@@ -1,20 +1,21 @@
-"""Non-finite outputs of an evaluation: how many images had inf or NaN, and which layer made them.
+"""Non-finite values in an evaluation: how many images met inf or NaN, and which layer made them.
 
 A low-precision evaluation can overflow where training did not (DB's ``head.binarize.conv1`` reaches
 3.4e5 before its BatchNorm on the validation images of a 250-step fp16 run: inf, then NaN through the
-norm, on 28 of 100 images). A metric computed on such outputs looks like a small accuracy loss and
-says nothing. :class:`NonFiniteWatch` makes it visible:
+norm, on 28 of 100 images). A metric computed on such values looks like a small accuracy loss and
+says nothing. :class:`NonFiniteWatch` makes it visible. A forward post-hook on every layer (leaves,
+and containers, whose own forward may compute: FPN additions, DB's step function) flags, per image,
+an output tensor holding inf or NaN; the flags of one forward are read in one transfer at its end.
+Looking only at the model's outputs would miss most of it: ReLU maps NaN to 0 in Paddle's kernels,
+so a NaN in the head can leave finite (and wrong) maps behind.
 
-- a forward post-hook on the model checks every floating output tensor whose first dimension is the
-  batch (DB's maps, PP-YOLOE's boxes and scores, a classifier's logits) and marks each image with any
-  inf or NaN; that costs one ``isfinite`` per output tensor;
-- only for a batch with a marked image is the forward run once more, with a post-hook on every
-  sublayer: the first hook to see a non-finite value for an image names the layer that produced it
-  (a leaf layer, or a container whose own forward computed it: containers finish after their
-  children). The re-run happens inside the same autocast or emulation, so it computes the same values.
-
-The result (:meth:`NonFiniteWatch.result`) is plain JSON: images seen, images with non-finite
-outputs, their sample indices (the first 20), and per first layer the number of images.
+Per image it records whether any layer output held a non-finite value, which layer did first (in
+the order layers finish: a child before its container), and whether the model's outputs still hold
+one. What runs inside a layer between its sublayers (an ``exp`` whose inf becomes 0 in ``1/(1+inf)``)
+is seen only through the layer's output. :meth:`NonFiniteWatch.result` is plain JSON: images seen,
+images that met a non-finite value (``nonfinite_images``), those whose outputs hold one
+(``nonfinite_output_images``), their sample indices (the first 20), and per first layer the number
+of images.
 """
 from __future__ import annotations
 
@@ -53,97 +54,114 @@ def bad_per_image(out, n: int) -> np.ndarray | None:
 
 
 def describe(result: dict | None) -> str | None:
-    """``28 of 100 images had non-finite outputs (first at head.binarize.conv1 (Conv2D) in 28)``,
-    or None when there were none."""
+    """``28 of 100 images met non-finite values (first at head.binarize.conv1 (Conv2D) in 28; in 20
+    they reach the outputs)``, or None when there were none."""
     if not result or not result.get("nonfinite_images"):
         return None
     firsts = result.get("first_layers") or {}
-    where = ""
+    where = []
     if firsts:
         name, count = max(firsts.items(), key=lambda kv: kv[1])
-        where = f"; first at {name} in {count}" + (f", {len(firsts) - 1} other layers" if len(firsts) > 1 else "")
-    return f"{result['nonfinite_images']} of {result['images']} images had non-finite outputs{where}"
+        where.append(f"first at {name} in {count}" + (f", {len(firsts) - 1} other layers" if len(firsts) > 1 else ""))
+    if "nonfinite_output_images" in result:
+        where.append(f"in {result['nonfinite_output_images']} they reach the outputs")
+    detail = f" ({'; '.join(where)})" if where else ""
+    return f"{result['nonfinite_images']} of {result['images']} images met non-finite values{detail}"
 
 
 class NonFiniteWatch:
-    """``with NonFiniteWatch(model) as watch:`` counts the images whose outputs hold inf or NaN.
+    """``with NonFiniteWatch(model) as watch:`` counts the images whose forward met inf or NaN.
 
     Call :meth:`begin_batch` with the batch's sample indices before each forward (optional: without
-    it images are numbered in the order seen). ``locate=False`` skips finding the first layer.
+    it images are numbered in the order seen). ``layers=False`` watches the model's outputs only:
+    for an FP32 evaluation, where the per-layer checks cost about a fifth of the time (db_det,
+    MODEL_CARDS.md "Evaluation under AMP") and an inf/NaN is rare; a low-precision evaluation pays
+    about 1 % for them.
     """
 
-    def __init__(self, model: paddle.nn.Layer, locate: bool = True):
-        self.model, self.locate = model, bool(locate)
+    def __init__(self, model: paddle.nn.Layer, layers: bool = True):
+        self.model, self.layers = model, bool(layers)
         self.images = 0
         self.bad: list[int] = []
+        self.bad_outputs = 0
         self.first_layers: Counter = Counter()
         self._indices: list[int] | None = None
         self._handles: list = []
-        self._rerun = False
+        self._names: list[str] = []
+        self._flags: list = []   # (layer index, bool tensor [n]) of the forward under way
+        self._n: int | None = None
 
     def __enter__(self):
-        self._handles = [self.model.register_forward_post_hook(self._after_forward)]
+        root = self.model
+        self._handles.append(root.register_forward_pre_hook(self._before_forward))
+        for name, layer in (root.named_sublayers() if self.layers else ()):
+            self._names.append(f"{name} ({type(layer).__name__})")
+            self._handles.append(layer.register_forward_post_hook(self._flagger(len(self._names) - 1)))
+        self._names.append(f"model ({type(root).__name__})")
+        self._handles.append(root.register_forward_post_hook(self._after_forward))
         return self
 
     def __exit__(self, *exc):
         for h in self._handles:
             h.remove()
-        self._handles = []
+        self._handles, self._names = [], []
         return False
 
     def begin_batch(self, indices) -> None:
         self._indices = [int(i) for i in indices]
 
-    def _after_forward(self, layer, inputs, output):
-        if self._rerun:
-            return None
+    def _before_forward(self, _layer, inputs):
         x = inputs[0] if isinstance(inputs, (list, tuple)) and inputs else inputs
-        n = int(x.shape[0]) if isinstance(x, paddle.Tensor) and x.ndim > 0 else 1
-        bad = bad_per_image(output, n)
-        indices = self._indices if self._indices is not None and len(self._indices) == n else \
-            list(range(self.images, self.images + n))
-        self._indices = None
-        self.images += n
-        if bad is None or not bad.any():
-            return None
-        self.bad.extend(i for i, b in zip(indices, bad) if b)
-        if self.locate:
-            for name in self._first_layers(layer, inputs, n, bad):
-                self.first_layers[name] += 1
+        self._n = int(x.shape[0]) if isinstance(x, paddle.Tensor) and x.ndim > 0 else 1
+        self._flags = []
         return None
 
-    def _first_layers(self, root, inputs, n: int, bad: np.ndarray) -> list[str]:
-        """Run the forward again with a hook on every sublayer; the first layer (in the order layers
-        finish) with a non-finite value for each bad image. Images never caught are ``unknown``."""
-        first: dict[int, str] = {}
+    def _flagger(self, index: int):
+        def hook(_layer, _inputs, output):
+            if self._n is not None:
+                flags = _flags_per_image(output, self._n)
+                if flags is not None:
+                    self._flags.append((index, flags))
+            return None
+        return hook
 
-        def hook_for(name, sub):
-            def hook(_layer, _inputs, out):
-                flags = bad_per_image(out, n)
-                if flags is None:
-                    return None
-                for i in np.flatnonzero(flags & bad):
-                    first.setdefault(int(i), f"{name or 'model'} ({type(sub).__name__})")
-                return None
-            return hook
-
-        handles = [sub.register_forward_post_hook(hook_for(name, sub))
-                   for name, sub in root.named_sublayers(include_self=True)]
-        self._rerun = True
-        try:
-            args = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
-            root(*args)
-        finally:
-            self._rerun = False
-            for h in handles:
-                h.remove()
-        return [first.get(int(i), "unknown") for i in np.flatnonzero(bad)]
+    def _after_forward(self, _layer, _inputs, output):
+        n = self._n
+        if n is None:
+            return None
+        at_output = _flags_per_image(output, n)
+        rows = self._flags + ([(len(self._names) - 1, at_output)] if at_output is not None else [])
+        indices = self._indices if self._indices is not None and len(self._indices) == n else \
+            list(range(self.images, self.images + n))
+        self._indices, self._n, self._flags = None, None, []
+        self.images += n
+        if not rows:
+            return None
+        table = paddle.stack([f for _, f in rows]).numpy().astype(bool)  # [layers, n]: one transfer
+        for i in np.flatnonzero(table.any(axis=0)):
+            self.bad.append(indices[i])
+            self.first_layers[self._names[rows[int(np.argmax(table[:, i]))][0]]] += 1
+            self.bad_outputs += int(at_output is not None and table[-1, i])
+        return None
 
     def result(self) -> dict:
         """JSON-ready counts (see the module docstring)."""
-        return {"images": self.images, "nonfinite_images": len(self.bad),
-                "image_indices": sorted(self.bad)[:MAX_LISTED],
+        return {"images": self.images, "watched": "layers" if self.layers else "outputs",
+                "nonfinite_images": len(self.bad),
+                "nonfinite_output_images": self.bad_outputs, "image_indices": sorted(self.bad)[:MAX_LISTED],
                 "first_layers": dict(self.first_layers.most_common())}
+
+
+def _flags_per_image(out, n: int):
+    """Bool tensor [n] (not yet transferred): image i has inf or NaN in a floating output tensor of
+    leading size n; None when no output has that leading size."""
+    flags = None
+    for t in _tensors(out):
+        if t.dtype not in _FLOATS or t.ndim == 0 or t.shape[0] != n:
+            continue
+        bad = paddle.logical_not(paddle.isfinite(t).reshape([n, -1]).all(axis=1))
+        flags = bad if flags is None else paddle.logical_or(flags, bad)
+    return flags
 
 
 def merge(parts: list[dict]) -> dict:
@@ -152,6 +170,7 @@ def merge(parts: list[dict]) -> dict:
     for p in parts:
         firsts.update(p.get("first_layers") or {})
     bad = sorted(i for p in parts for i in p.get("image_indices", []))
-    return {"images": sum(p["images"] for p in parts),
+    return {"images": sum(p["images"] for p in parts), "watched": parts[0].get("watched") if parts else None,
             "nonfinite_images": sum(p["nonfinite_images"] for p in parts),
+            "nonfinite_output_images": sum(p.get("nonfinite_output_images", 0) for p in parts),
             "image_indices": bad[:MAX_LISTED], "first_layers": dict(firsts.most_common())}

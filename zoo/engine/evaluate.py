@@ -32,9 +32,10 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
     ``stop`` (a :class:`~zoo.engine.signals.StopRequests`) is checked before every batch, so a stop
     signal ends the evaluation within one batch (:class:`~zoo.engine.signals.StopRequested`).
 
-    Every evaluation counts the images whose outputs hold inf or NaN and the layer where they start
-    (:class:`~zoo.amp.nonfinite.NonFiniteWatch`), pooled over ranks into ``result.numerics``; callers
-    print and record it (:func:`nonfinite_line`).
+    Every evaluation counts the images whose forward met inf or NaN and the layer where it started
+    (:class:`~zoo.amp.nonfinite.NonFiniteWatch`; every layer's output under low precision, the
+    model's outputs in FP32), pooled over ranks into ``result.numerics``; callers print and record
+    it (:func:`nonfinite_line`).
     """
     sampler = EvalBatchSampler(len(val_set), batch_size, dist.rank(), dist.world_size())
     loader = build_loader(val_set, sampler, num_workers)
@@ -44,7 +45,8 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
     model.eval()
     batches = with_progress(loader, total=len(sampler), desc="eval", unit="batches", leave=False,
                             disable=not (progress and dist.is_main()))
-    with paddle.no_grad(), amp.autocast(), NonFiniteWatch(dist.unwrap(model)) as watch:
+    low = bool(getattr(amp, "active", False) or getattr(amp, "emulation", None) is not None)
+    with paddle.no_grad(), amp.autocast(), NonFiniteWatch(dist.unwrap(model), layers=low) as watch:
         for indices, batch in zip(sampler, batches):
             if stop is not None:
                 stop.check()

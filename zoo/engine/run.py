@@ -337,6 +337,25 @@ def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryP
         return {"predicted_peak_memory_mb": None, "predicted_memory": {"error": f"{type(err).__name__}: {err}"}}
 
 
+def result_line(summary: dict, steps: int) -> str:
+    """The closing line: the primary metric, the precision it was evaluated in when that is not the
+    training precision, and any evaluation whose outputs held inf or NaN (never a metric computed on
+    them without saying so)."""
+    pm, trained = summary["primary_metric"], summary["effective_precision"]
+    if pm["value"] is None:
+        return f"{pm['name']} not evaluated (trainer.final_eval=false) after {steps} steps ({trained})"
+    line = f"{pm['name']} {pm['value']:.4f} after {steps} steps ({trained})"
+    own = summary.get("primary_metric_train_precision_eval")
+    if pm.get("evaluated_in") == "fp32" and trained != "fp32" and own:
+        line = (f"{pm['name']} {pm['value']:.4f} in the FP32 evaluation (trainer.eval_precision=fp32) after "
+                f"{steps} steps of {trained} training; the {trained} evaluation: {pm['name']} {own['value']:.4f}")
+    for key, where in (("eval_numerics", trained), ("eval_numerics_fp32", "fp32")):
+        said = describe_nonfinite(summary.get(key))
+        if said and not (key == "eval_numerics_fp32" and trained == "fp32"):
+            line += f"; in the {where} evaluation {said} (summary.json {key})"
+    return line
+
+
 def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: Path, stop: Exception,
                    wall_s: float) -> GuardStopped:
     """summary.json of a run the numerics guard stopped (no metric: the weights are not the result),
@@ -427,11 +446,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
         copy_launch_logs(out_dir)
         write_json(out_dir / "summary.json", summary)
         folder = f"; run folder {out_dir}" if announce_folder else ""
-        value = summary["primary_metric"]["value"]
-        shown = f"{primary} {value:.4f}" if value is not None else "not evaluated (trainer.final_eval=false)"
-        said = describe_nonfinite(result["numerics"])
-        said = f"; {said} (summary.json eval_numerics)" if said else ""
-        announce(f"{shown} after {trainer.step} steps ({summary['effective_precision']}){said}{folder}")
+        announce(f"{result_line(summary, trainer.step)}{folder}")
     if summary["all_steps_skipped"]:
         raise NoStepUpdated(
             f"every one of the {trainer.step} steps was skipped (inf/NaN gradients at each step, "
