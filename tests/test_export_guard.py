@@ -14,8 +14,8 @@ from conftest import ROOT, run_tool
 
 from zoo.amp.emulation import is_low
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, consumer_black_list, fold_batch_norms
-from zoo.export.guard import candidates, search_keep_list
 from zoo.export.layers import compare, first_nonfinite, record
+from zoo.export.search import candidates
 from zoo.export.verdict import box_agreement, paired_difference, verdict
 
 EXPORT = str(ROOT / "tools" / "export.py")
@@ -146,24 +146,6 @@ def test_box_agreement_matches_at_iou_09_and_reads_score_differences():
     out = box_agreement([(boxes, np.array([0.9, 0.8]), np.array([1, 2]))],
                         [(shifted, np.array([0.85, 0.8]), np.array([1, 2]))])
     assert out["fp32_detections"] == 2 and out["matched"] == 1 and out["max_score_diff"] == pytest.approx(0.05)
-
-
-# ---------------------------------------------------------------- the keep-list search
-
-def test_search_finds_the_smallest_keep_list_by_bisection_then_pruning():
-    calls = []
-
-    def needs_b_and_d(keep):
-        calls.append(keep)
-        return {"keep": list(keep), "verdict": "equivalent" if {"b", "d"} <= set(keep) else "not shown"}
-
-    keep, tried = search_keep_list(needs_b_and_d, list("abcde"), max_keep=6, max_evaluations=20)
-    assert keep == ("b", "d") and len(calls) == 8 and calls[0] == ()
-    assert search_keep_list(needs_b_and_d, list("abc"), 6, 20)[0] is None            # d is not a candidate
-    assert search_keep_list(needs_b_and_d, list("abcde"), 2, 20)[0] is None          # needs more than 2
-    assert search_keep_list(lambda k: {"keep": list(k), "verdict": "equivalent"}, list("ab"), 6, 20)[0] == ()
-    keep, tried = search_keep_list(needs_b_and_d, list("abcde"), 6, 5)               # budget: best so far
-    assert keep == ("a", "b", "c", "d") and len(tried) == 5
 
 
 # ---------------------------------------------------------------- tools/export.py

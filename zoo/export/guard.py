@@ -10,10 +10,8 @@ For ``export.precision=fp16|bf16``, :func:`check_precision_export` does four thi
    ``export.check.margin`` (zoo/export/verdict.py). It also compares the predictions themselves.
 3. It records every op call of the first validation batches in both runs (zoo/export/layers.py):
    the table by harm, the plot, and the first non-finite output.
-4. When the verdict is not ``equivalent``, it searches for a keep-list. The candidate op types are
-   ordered by harm: ops producing values the format cannot hold, then the first non-finite outputs,
-   then flushes, then relative error. It looks for the shortest equivalent prefix of that order by
-   bisection, then tries dropping each kept op once. It stops at ``export.check.max_keep`` ops or
+4. When the verdict is not ``equivalent``, it searches for a keep-list (zoo/export/search.py: the
+   op types by harm, grown one at a time, then shrunk). It stops at ``export.check.max_keep`` ops or
    ``max_evaluations`` evaluations. If nothing within those limits is equivalent, the export is
    refused (:class:`PrecisionRefused`, exit status 1).
 
@@ -33,6 +31,7 @@ from zoo.engine.evaluate import evaluate
 from zoo.export.common import ExportError
 from zoo.export.deployed import DEFAULT_BLACK_LIST, VERSION, DeployedEmulation, consumer_black_list, fold_batch_norms
 from zoo.export.layers import compare, first_nonfinite, harm, record
+from zoo.export.search import candidates, search_keep_list
 from zoo.export.verdict import box_agreement, class_agreement, paired_difference, polygon_agreement, verdict
 from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, Bound, check
 
@@ -142,57 +141,6 @@ def _agreement(dep: Deployment, ref_preds, low_preds) -> dict:
     if dep.kind == "db":
         return polygon_agreement(ref_preds, low_preds)
     return box_agreement(ref_preds, low_preds, dep.draw_threshold)
-
-
-def candidates(rows: list[dict], exclude=()) -> list[str]:
-    """Op types to try keeping fp32, most harmful first (see the module docstring)."""
-    low = [r for r in rows if r["precision"] != "fp32"]
-    order = sorted((r for r in low if r["overflow"] > 0), key=lambda r: -r["overflow"])
-    order += [r for r in low if r["nonfinite"] > 0]                       # execution order
-    order += sorted((r for r in low if r["flush"] > 0), key=lambda r: -r["flush"])
-    order += sorted(low, key=harm)
-    seen = list(dict.fromkeys(r["op"] for r in order))
-    return [op for op in seen if op not in exclude]
-
-
-def search_keep_list(evaluate_keep, cands: list[str], max_keep: int, max_evaluations: int):
-    """The smallest keep-list found equivalent, or None; ``evaluate_keep(tuple) -> result dict`` with
-    a ``verdict``. Returns ``(keep or None, tried results in order)``. The empty list is tried first."""
-    cache: dict = {}
-    tried: list = []
-
-    def ok(keep) -> bool:
-        key = tuple(sorted(keep))
-        if key not in cache:
-            if len(cache) >= max_evaluations:
-                raise _Budget()
-            cache[key] = evaluate_keep(tuple(keep))
-            tried.append(cache[key])
-        return cache[key]["verdict"] == "equivalent"
-
-    try:
-        if ok(()):
-            return (), tried
-        pool = cands[:max_keep]
-        if not pool or not ok(pool):
-            return None, tried
-        lo, hi = 0, len(pool)             # prefix lo is not equivalent, prefix hi is
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ok(pool[:mid]) else (mid, hi)
-        keep = list(pool[:hi])
-        for op in list(keep[:-1]):        # the last one is needed: its prefix without it is not enough
-            trial = [o for o in keep if o != op]
-            if ok(trial):
-                keep = trial
-        return tuple(keep), tried
-    except _Budget:
-        best = [r for r in tried if r["verdict"] == "equivalent"]
-        return (tuple(min(best, key=lambda r: len(r["keep"]))["keep"]) if best else None), tried
-
-
-class _Budget(Exception):
-    """max_evaluations reached."""
 
 
 def _layer_batches(dep: Deployment, n: int) -> list:
