@@ -1,12 +1,20 @@
 """The precision guard's rules of issue 39 item 4, without a full export: the keep-list search beyond
-prefixes (zoo/export/search.py) and margins no finer than the split resolves (zoo/export/resolution.py)."""
+prefixes (zoo/export/search.py), margins no finer than the split resolves (zoo/export/resolution.py),
+the fp32 share of compute (zoo/export/compute.py) and the recorder the per-layer scan runs in
+(zoo/export/layers.py). The end-to-end cases are in tests/test_export_guard.py."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import paddle
 import pytest
 
+from zoo.export.compute import compute_share, share_warning
+from zoo.export.deployed import DeployedEmulation
+from zoo.export.guard_report import check_lines
+from zoo.export.layers import Recorder
 from zoo.export.resolution import binomial_quantile, margin_rule, unit_of
 from zoo.export.search import search_keep_list
 from zoo.export.verdict import paired_difference, verdict
@@ -198,3 +206,81 @@ def test_one_lost_box_of_the_rarest_category_does_not_refuse_map():
     rule = margin_rule("mAP", 0.3, unit, what, 60, 0.9)
     d = paired_difference(ref, changed, 200, 0.9)
     assert verdict(d["ci_pp"], 0.3) != "equivalent" and verdict(d["ci_pp"], rule["margin_pp"]) == "equivalent", d
+
+
+# ---------------------------------------------------------------- compute share and the recorder
+
+def _conv_pool_conv():
+    paddle.seed(3)
+    return paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1), paddle.nn.ReLU(), paddle.nn.AvgPool2D(2),
+                                paddle.nn.Conv2D(8, 4, 1))
+
+
+def _share(net, x, keep):
+    with Recorder(net, "float16", values=False) as rec, paddle.no_grad(), DeployedEmulation("float16", keep)():
+        net(x)
+    return compute_share(rec.calls)
+
+
+def test_compute_share_counts_multiply_adds_and_warns_when_most_stays_fp32():
+    """x [2, 3, 16, 16]. By hand: conv 3->8 3x3: 2 x (2*8*16*16) x 27 = 221184; its bias add and the ReLU
+    4096 each; the 2x2 pool reads 4096; conv 8->4 1x1: 2 x (2*4*8*8) x 8 = 8192, its bias add 512.
+    Keeping conv2d keeps its fused add and ReLU too: all but the pool, 98 % of the compute, is fp32."""
+    net, x = _conv_pool_conv(), paddle.randn([2, 3, 16, 16])
+    by_hand = {"conv2d": 221184 + 8192, "add": 4096 + 512, "relu": 4096, "pool2d": 4096}
+    total = sum(by_hand.values())
+    share = _share(net, x, ["conv2d"])
+    assert share["cost"] == pytest.approx(total, rel=1e-3)       # + the bias reshapes (8 and 4 elements)
+    assert share["fp32_share"] == pytest.approx(1 - 4096 / total, rel=1e-3)
+    assert list(share["fp32_ops"])[0] == "conv2d"
+    assert _share(net, x, [])["fp32_share"] < 1e-3
+    assert _share(net, x, ["pool2d"])["fp32_share"] == pytest.approx(4096 / total, rel=1e-2)
+    warn = share_warning(share["fp32_share"], ["conv2d"], "fp16")
+    assert warn and "fp16 in name only" in warn and "98 %" in warn
+    assert share_warning(0.017, ["pool2d"], "fp16") is None and share_warning(0.9, [], "fp16") is None
+    lines = check_lines({"guard": "on", "verdict": "equivalent", "metric": "hmean", "delta_pp": 0.1, "ci_pp": [0, 0.2],
+                         "level": 0.9, "margin_pp": 0.3, "margin_requested_pp": 0.3, "keep_fp32": ["conv2d"],
+                         "fp32_share": share["fp32_share"], "compute_warning": warn, "first_overflow": None})
+    assert "keep fp32: ['conv2d'] (98 % of compute fp32)" in lines[0] and lines[1] == f"warning: {warn}"
+    json.dumps(share)  # report-ready
+
+
+def test_recorder_skips_the_rerun_of_a_batch_and_states_its_cap():
+    """NonFiniteWatch re-runs a forward with the same input tensor; the recorder must not count it
+    twice. With ``max_forwards`` it records the first batches and counts what it skipped."""
+    net = _conv_pool_conv()
+    x, y = paddle.randn([2, 3, 16, 16]), paddle.randn([3, 3, 16, 16])
+    with Recorder(net, "float16") as rec, paddle.no_grad():
+        net(x)
+        net(x)          # a rerun
+        net(y)
+    conv = rec.calls["0:conv2d"]
+    assert rec.forwards == 2 and rec.images == 5 and conv.images == 5 and len(conv.samples) == 2
+    assert set(rec.calls) == {"0:conv2d", "0:add", "0:reshape", "1:relu", "2:pool2d", "3:conv2d", "3:add",
+                              "3:reshape"}
+    with Recorder(net, "float16", max_forwards=1) as capped, paddle.no_grad():
+        net(x)
+        net(y)
+    assert capped.forwards == 1 and capped.skipped_forwards == 1 and capped.skipped_images == 3
+
+
+def test_an_fp32_network_with_nan_outputs_is_not_compared_but_named():
+    """If FP32 itself outputs NaN there is nothing to judge the deployment against: one error naming
+    export.precision and the layer, not a verdict."""
+    from conftest import compose
+
+    from zoo.engine.run import build
+    from zoo.export.common import ExportError
+    from zoo.export.guard import CheckSettings, Deployment, check_precision_export
+    from zoo.export.inference import ClassifierProbs
+
+    cfg = compose(["model=resnet_tiny", "data.builder.num_val=16"])
+    paddle.seed(0)
+    net = build(cfg.model.net, "model.net")
+    fc = net.sublayers()[-1]
+    fc.bias.set_value(np.full(fc.bias.shape, np.nan, np.float32))
+    dep = Deployment(ClassifierProbs(net).eval(), "classification", lambda: build(cfg.model.task, "model.task"),
+                     build(cfg.data.builder, "data.builder").build("val", 0), 8)
+    with pytest.raises(ExportError, match=r"^export.precision=fp16: the FP32 network itself outputs inf/NaN "
+                                          r"\(16 of 16 images had non-finite outputs; first at "):
+        check_precision_export(dep, "fp16", "float16", CheckSettings(), log=lambda *_: None)
