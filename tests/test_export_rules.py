@@ -284,3 +284,17 @@ def test_an_fp32_network_with_nan_outputs_is_not_compared_but_named():
     with pytest.raises(ExportError, match=r"^export.precision=fp16: the FP32 network itself outputs inf/NaN "
                                           r"\(16 of 16 images had non-finite outputs; first at "):
         check_precision_export(dep, "fp16", "float16", CheckSettings(), log=lambda *_: None)
+
+
+def test_a_flush_counts_only_where_rounding_at_the_tensors_scale_would_keep_the_value():
+    """fp16 flushes |x| < 2^-25 (3e-8) to 0. Beside 1.0 a value of 1e-9 is below 1.0's rounding step
+    (unit roundoff 2^-11) and lost either way: not a flush that matters. Beside 1e-6 it is not."""
+    from zoo.diagnostics.numerics import FORMATS
+    from zoo.export.layers import Call
+
+    with np.errstate(under="ignore"):   # NumPy's own float16, as the reference
+        assert np.float16(1e-9) == 0 and np.float16(1e-6) != 0
+    probabilities, tiny = Call("a", "sigmoid", "l", "T"), Call("b", "conv2d", "l", "T")
+    probabilities.add(np.array([[1.0, 1e-9, 0.5]], np.float32), FORMATS["float16"], 1)
+    tiny.add(np.array([[1e-6, 1e-9, 0.0]], np.float32), FORMATS["float16"], 1)
+    assert probabilities.flush == 0 and tiny.flush == 1
