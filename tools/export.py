@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> None:
     from zoo.export import export_from_config  # ExportError is a ValueError: one "error:" line, exit 2
     from zoo.export.guard import PrecisionRefused
+    from zoo.export.guard_report import check_lines
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     cfg = _entry.run_or_exit(_entry.config_of_run, cfg, "weights", "export")
@@ -36,13 +37,8 @@ def main(cfg: DictConfig) -> None:
         _entry.announce_error(refused)
         sys.exit(1)
     print(json.dumps(record, indent=2))
-    check = record.get("precision_check")
-    if check and check["guard"] == "on":
-        print(f"precision check: {check['verdict']}: {check['metric']} {check['delta_pp']:+.2f} pp, "
-              f"{100 * check['level']:.0f}% CI [{check['ci_pp'][0]:+.2f}, {check['ci_pp'][1]:+.2f}], margin ±{check['margin_pp']:g}; "
-              f"keep fp32: {check['keep_fp32'] or 'nothing'} (precision_report.json)")
-    elif check:
-        print(f"precision check: {check['verdict']}")
+    for line in check_lines(record.get("precision_check")):
+        print(line)
     print(f"exported to {Path(out_dir).resolve()}")
 
 

@@ -20,6 +20,7 @@ from zoo.engine.run import build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.common import ExportError
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
+from zoo.export.guard_report import check_summary
 from zoo.export.guarded import PLOT, YML_KEY, guard_mode, run_guard, skipped_report, write_report, yml_block
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
@@ -224,15 +225,7 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
               "precision": precision, "stored_weights": "float32" if stored == "fp32" else PRECISIONS[precision],
               "saved_dtypes": saved_dtypes(out_dir / plan.prefix),
               "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,
-              "precision_check": _check_summary(report),
+              "precision_check": check_summary(report),
               "paddle_version": paddle.__version__, "git_revision": git_revision()}
     write_json(out_dir / "export.json", record)
     return record
-
-
-def _check_summary(report: dict | None) -> dict | None:
-    if report is None:
-        return None
-    keys = ("guard", "verdict", "metric", "delta_pp", "ci_pp", "level", "margin_pp", "keep_fp32",
-            "consumer_black_list")
-    return {k: report.get(k) for k in keys}

@@ -1,42 +1,47 @@
 """The export-time precision guard: will this network keep its accuracy in fp16 / bf16, and which
 ops must stay fp32 for it to?
 
-For ``export.precision=fp16|bf16``, :func:`check_precision_export` does four things:
+For ``export.precision=fp16|bf16``, :func:`check_precision_export`:
 
-1. It evaluates the network as exported (DB's shrink map, the classifier's softmax, PP-YOLOE's boxes)
+1. evaluates the network as exported (DB's shrink map, the classifier's softmax, PP-YOLOE's boxes)
    on the validation split twice: in FP32, and as Paddle Inference would run it in the low format
-   (:class:`~zoo.export.deployed.DeployedEmulation`, BatchNorm folded).
-2. It compares the primary metric (hmean, mAP, top-1) per image, with the paired bootstrap, against
-   ``export.check.margin`` (zoo/export/verdict.py). It also compares the predictions themselves.
-3. It records every op call of the first validation batches in both runs (zoo/export/layers.py):
-   the table by harm, the plot, and the first non-finite output.
-4. When the verdict is not ``equivalent``, it searches for a keep-list. The candidate op types are
-   ordered by harm: ops producing values the format cannot hold, then the first non-finite outputs,
-   then flushes, then relative error. It looks for the shortest equivalent prefix of that order by
-   bisection, then tries dropping each kept op once. It stops at ``export.check.max_keep`` ops or
-   ``max_evaluations`` evaluations. If nothing within those limits is equivalent, the export is
-   refused (:class:`PrecisionRefused`, exit status 1).
+   (:class:`~zoo.export.deployed.DeployedEmulation`, BatchNorm folded). Both evaluations record
+   every op call of every image (zoo/export/layers.py; ``export.check.layer_batches`` caps it): the
+   table by harm, the plot, where the format first overflows, and how much compute runs fp32;
+2. judges the low-precision run (``_Trial``): ``different`` when any image has a non-finite output,
+   whatever the metric says; otherwise the paired bootstrap interval of the primary metric (hmean,
+   mAP, top-1) against the margin, widened to what the split resolves (zoo/export/resolution.py);
+3. when that is not ``equivalent``, searches for a keep-list (zoo/export/search.py) among the op
+   types ordered by harm, within ``export.check.max_keep`` ops and ``max_evaluations`` evaluations.
+   If nothing is equivalent, the export is refused (:class:`PrecisionRefused`, exit status 1).
 
 The keep-list is a list of op types, because that is what Paddle Inference
 (``exp_disable_mixed_precision_ops``) and TensorRT (``ops_run_float`` / ``disable_ops``) accept.
+The report's content is assembled in zoo/export/guard_report.py.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import paddle
 
+from zoo.amp.nonfinite import describe
 from zoo.data import EvalBatchSampler, build_loader
 from zoo.engine.evaluate import evaluate
 from zoo.export.common import ExportError
-from zoo.export.deployed import DEFAULT_BLACK_LIST, VERSION, DeployedEmulation, consumer_black_list, fold_batch_norms
-from zoo.export.layers import compare, first_nonfinite, harm, record
+from zoo.export.compute import WARN_SHARE, compute_share
+from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, fold_batch_norms
+from zoo.export.guard_report import build_report, refusal
+from zoo.export.layers import Recorder, compare
+from zoo.export.resolution import margin_rule, unit_of
+from zoo.export.search import candidates, search_keep_list
 from zoo.export.verdict import box_agreement, class_agreement, paired_difference, polygon_agreement, verdict
-from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, Bound, check
+from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, PROBABILITY, Bound, check
 
-__all__ = ["CheckSettings", "PrecisionRefused", "candidates", "check_precision_export", "search_keep_list"]
+__all__ = ["CheckSettings", "Deployment", "PrecisionRefused", "candidates", "check_precision_export",
+           "search_keep_list"]
 
 DEFAULT_MARGINS = {"top1": 0.2, "hmean": 0.3, "mAP": 0.3}
 MAX_MAP_RESAMPLES = 200  # COCOeval's accumulate runs once per replicate
@@ -57,7 +62,8 @@ CHECK_SETTINGS = {
     "resamples": Bound(10, integer=True),
     "max_keep": COUNT_OR_ZERO,
     "max_evaluations": Bound(2, integer=True),
-    "layer_batches": COUNT,
+    "layer_batches": COUNT.but(nullable=True, note="null = every batch"),
+    "warn_fp32_share": PROBABILITY,
     "top": COUNT,
 }
 
@@ -71,7 +77,8 @@ class CheckSettings:
     resamples: int = 1000
     max_keep: int = 6
     max_evaluations: int = 14
-    layer_batches: int = 1
+    layer_batches: int | None = None     # batches the per-layer scan records; None: all of them
+    warn_fp32_share: float = WARN_SHARE  # warn when a keep-list leaves more compute than this fp32
     top: int = 12
 
     def __post_init__(self):
@@ -113,10 +120,21 @@ class Deployment:
         return net(batch["image"])
 
 
-def _evaluate(dep: Deployment, net, emulation=None):
-    """Metrics, the task holding the per-image outcomes, and the predictions (for agreement)."""
+@dataclass
+class _Evaluation:
+    metrics: dict
+    task: object        # holds the per-image outcomes (paired_difference)
+    preds: list         # the predictions, for agreement
+    sums: dict          # the task's summed eval_stats (DB: gt_care, det_care, matched)
+    numerics: dict      # images with non-finite outputs (zoo/amp/nonfinite.py)
+    recorder: Recorder
+
+
+def _evaluate(dep: Deployment, net, emulation, recorder: Recorder) -> _Evaluation:
+    """One evaluation of the split, every forward recorded by ``recorder``."""
     task = dep.make_task()
     preds: list = []
+    sums: dict = {}
     hook = None
     if dep.kind == "classification":
         hook = net.register_forward_post_hook(lambda _l, _i, out: preds.append(out.astype("float32").numpy()))
@@ -128,12 +146,21 @@ def _evaluate(dep: Deployment, net, emulation=None):
             preds.extend(out)
             return out
         task.predict = recording
+    stats = task.eval_stats
+
+    def summing(model, batch):
+        out = stats(model, batch)
+        for k, v in out.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        return out
+    task.eval_stats = summing
     try:
-        metrics = evaluate(net, task, _Precision(emulation), dep.val_set, dep.batch_size)
+        with recorder:
+            metrics = evaluate(net, task, _Precision(emulation), dep.val_set, dep.batch_size)
     finally:
         if hook is not None:
             hook.remove()
-    return metrics, task, preds
+    return _Evaluation(dict(metrics), task, preds, sums, metrics.numerics, recorder)
 
 
 def _agreement(dep: Deployment, ref_preds, low_preds) -> dict:
@@ -144,65 +171,45 @@ def _agreement(dep: Deployment, ref_preds, low_preds) -> dict:
     return box_agreement(ref_preds, low_preds, dep.draw_threshold)
 
 
-def candidates(rows: list[dict], exclude=()) -> list[str]:
-    """Op types to try keeping fp32, most harmful first (see the module docstring)."""
-    low = [r for r in rows if r["precision"] != "fp32"]
-    order = sorted((r for r in low if r["overflow"] > 0), key=lambda r: -r["overflow"])
-    order += [r for r in low if r["nonfinite"] > 0]                       # execution order
-    order += sorted((r for r in low if r["flush"] > 0), key=lambda r: -r["flush"])
-    order += sorted(low, key=harm)
-    seen = list(dict.fromkeys(r["op"] for r in order))
-    return [op for op in seen if op not in exclude]
+class _Trial:
+    """``evaluate_keep`` of the search: the deployment with a keep-list, evaluated and judged."""
+
+    def __init__(self, dep, folded, dtype, ref: _Evaluation, margin, resamples, level, log):
+        self.dep, self.folded, self.dtype, self.ref = dep, folded, dtype, ref
+        self.margin, self.resamples, self.level, self.log = margin, resamples, level, log
+
+    def __call__(self, keep, values: bool = False, max_forwards: int | None = None) -> dict:
+        rec = Recorder(self.folded, self.dtype, max_forwards if values else None, values=values)
+        ev = _evaluate(self.dep, self.folded, DeployedEmulation(self.dtype, keep), rec)
+        diff = paired_difference(self.ref.task, ev.task, self.resamples, self.level)
+        on_metric = verdict(diff["ci_pp"], self.margin)
+        bad = describe(ev.numerics)
+        share = compute_share(rec.calls)
+        result = {"keep": list(keep), "metrics": ev.metrics, **diff, "metric_verdict": on_metric,
+                  "verdict": "different" if bad else on_metric, "nonfinite": ev.numerics,
+                  "agreement": _agreement(self.dep, self.ref.preds, ev.preds), "compute": share,
+                  "fp32_share": share["fp32_share"], "_recorder": rec if values else None}
+        self.log(f"  keep fp32 {list(keep) or '[]'}: {self.ref.task.primary_metric} {diff['delta_pp']:+.2f} pp, "
+                 f"{100 * self.level:.0f}% CI [{diff['ci_pp'][0]:+.2f}, {diff['ci_pp'][1]:+.2f}]"
+                 f"{'; ' + bad if bad else ''}; {100 * share['fp32_share']:.0f} % of compute fp32 -> {result['verdict']}")
+        return result
 
 
-def search_keep_list(evaluate_keep, cands: list[str], max_keep: int, max_evaluations: int):
-    """The smallest keep-list found equivalent, or None; ``evaluate_keep(tuple) -> result dict`` with
-    a ``verdict``. Returns ``(keep or None, tried results in order)``. The empty list is tried first."""
-    cache: dict = {}
-    tried: list = []
-
-    def ok(keep) -> bool:
-        key = tuple(sorted(keep))
-        if key not in cache:
-            if len(cache) >= max_evaluations:
-                raise _Budget()
-            cache[key] = evaluate_keep(tuple(keep))
-            tried.append(cache[key])
-        return cache[key]["verdict"] == "equivalent"
-
-    try:
-        if ok(()):
-            return (), tried
-        pool = cands[:max_keep]
-        if not pool or not ok(pool):
-            return None, tried
-        lo, hi = 0, len(pool)             # prefix lo is not equivalent, prefix hi is
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ok(pool[:mid]) else (mid, hi)
-        keep = list(pool[:hi])
-        for op in list(keep[:-1]):        # the last one is needed: its prefix without it is not enough
-            trial = [o for o in keep if o != op]
-            if ok(trial):
-                keep = trial
-        return tuple(keep), tried
-    except _Budget:
-        best = [r for r in tried if r["verdict"] == "equivalent"]
-        return (tuple(min(best, key=lambda r: len(r["keep"]))["keep"]) if best else None), tried
-
-
-class _Budget(Exception):
-    """max_evaluations reached."""
-
-
-def _layer_batches(dep: Deployment, n: int) -> list:
+def _batches(dep: Deployment, limit: int | None = None):
+    """The validation batches in evaluation order (streamed), the first ``limit`` when given."""
     sampler = EvalBatchSampler(len(dep.val_set), dep.batch_size)
-    out = []
-    for batch in build_loader(dep.val_set, sampler, 0):
-        out.append(batch)
-        if len(out) == n:
-            break
-    return out
+    for i, batch in enumerate(build_loader(dep.val_set, sampler, 0)):
+        if limit is not None and i >= limit:
+            return
+        yield batch
+
+
+def _require_finite_fp32(ref: _Evaluation, precision: str) -> None:
+    said = describe(ref.numerics)
+    if said:
+        raise ExportError(f"export.precision={precision}: the FP32 network itself outputs inf/NaN ({said}), so "
+                          "there is nothing to compare the low-precision deployment with; check the weights "
+                          "(run=), or skip the check with export.guard=off")
 
 
 def check_precision_export(dep: Deployment, precision: str, dtype: str, settings: CheckSettings,
@@ -210,86 +217,37 @@ def check_precision_export(dep: Deployment, precision: str, dtype: str, settings
     """Run the guard (module docstring); returns the report (``precision_report.json``'s content).
     Raises :class:`PrecisionRefused` (the report attached as ``.report``) when no keep-list works."""
     t0 = time.time()
-    batches = _layer_batches(dep, settings.layer_batches)
-    folded, n_folded = fold_batch_norms(dep.net, batches[0]["image"], lambda n, x: n(x))
-    ref_metrics, ref_task, ref_preds = _evaluate(dep, dep.net)
-    metric = ref_task.primary_metric
-    margin = settings.margin_for(metric)
+    folded, n_folded = fold_batch_norms(dep.net, next(_batches(dep, 1))["image"], lambda n, x: n(x))
+    cap = settings.layer_batches
+    ref = _evaluate(dep, folded, None, Recorder(folded, dtype, cap))
+    _require_finite_fp32(ref, precision)
+    metric, n = ref.task.primary_metric, ref.task.n_evaluated_images()
+    rule = margin_rule(metric, settings.margin_for(metric), *unit_of(dep.kind, n, ref.sums, dep.val_set), n,
+                       settings.level)
     resamples = min(settings.resamples, MAX_MAP_RESAMPLES) if metric == "mAP" else settings.resamples
-    log(f"precision check: {metric} of the FP32 export {100 * ref_metrics[metric]:.2f} on "
-        f"{ref_task.n_evaluated_images()} images; deployed {precision} emulated (zoo/export/deployed.py)")
+    log(f"precision check: {metric} of the FP32 export {100 * ref.metrics[metric]:.2f} on {n} images; "
+        f"deployed {precision} emulated (zoo/export/deployed.py)")
+    if rule["note"]:
+        log(f"  note: {rule['note']}")
 
-    resolution = _resolution_note(metric, ref_task.n_evaluated_images(), margin)
-    if resolution:
-        log(f"  note: {resolution}")
-
-    def evaluate_keep(keep) -> dict:
-        metrics, task, preds = _evaluate(dep, folded, DeployedEmulation(dtype, keep))
-        diff = paired_difference(ref_task, task, resamples, settings.level)
-        result = {"keep": list(keep), "metrics": metrics, **diff, "verdict": verdict(diff["ci_pp"], margin),
-                  "agreement": _agreement(dep, ref_preds, preds)}
-        log(f"  keep fp32 {list(keep) or '[]'}: {metric} {diff['delta_pp']:+.2f} pp, "
-            f"{100 * settings.level:.0f}% CI [{diff['ci_pp'][0]:+.2f}, {diff['ci_pp'][1]:+.2f}] -> {result['verdict']}")
-        return result
-
-    ref_calls = record(folded, dep.forward, batches, dtype)
-    rows = compare(ref_calls, record(folded, dep.forward, batches, dtype, DeployedEmulation(dtype)), dtype)
+    trial = _Trial(dep, folded, dtype, ref, rule["margin_pp"], resamples, settings.level, log)
+    first = trial((), values=True, max_forwards=cap)
+    low_rec = first.pop("_recorder")
+    rows = compare(ref.recorder.calls, low_rec.calls, dtype)
     cands = candidates(rows, exclude=DEFAULT_BLACK_LIST)
-    keep, tried = search_keep_list(evaluate_keep, cands, settings.max_keep, settings.max_evaluations)
-    final = next(r for r in tried if keep is not None and r["keep"] == list(keep)) if keep is not None else tried[-1]
-    final_rows = rows if not keep else compare(
-        ref_calls, record(folded, dep.forward, batches, dtype, DeployedEmulation(dtype, keep)), dtype)
-    worst = first_nonfinite(rows) or (sorted(rows, key=harm)[0] if rows else None)
-    report = {
-        "precision": precision, "dtype": dtype, "guard": "on",
-        "verdict": "equivalent" if keep is not None else "refused",
-        "metric": metric, "margin_pp": margin, "level": settings.level,
-        "fp32": ref_metrics, "deployed": final["metrics"], "delta_pp": final["delta_pp"], "ci_pp": final["ci_pp"],
-        "n_images": final["n_images"], "n_resamples": final["n_resamples"], "agreement": final["agreement"],
-        "without_keep_list": {k: tried[0][k] for k in ("delta_pp", "ci_pp", "verdict", "agreement")},
-        "keep_fp32": list(keep) if keep is not None else None,
-        "consumer_black_list": consumer_black_list(keep or ()),
-        "candidates": cands[:settings.max_keep], "search": [{k: r[k] for k in ("keep", "delta_pp", "ci_pp", "verdict")}
-                                                           for r in tried],
-        "layers": {"batches": len(batches), "op_calls": len(rows), "batchnorms_folded": n_folded,
-                   "first_nonfinite": first_nonfinite(rows)["key"] if first_nonfinite(rows) else None,
-                   "worst": worst["key"] if worst else None,
-                   "without_keep_list": sorted(rows, key=harm)[:settings.top],
-                   "with_keep_list": sorted(final_rows, key=harm)[:settings.top]},
-        "emulation": {"rule": "Paddle Inference mixed precision (zoo/export/deployed.py)", "version": VERSION,
-                      "paddle": paddle.__version__},
-        "settings": asdict(settings), "time_s": round(time.time() - t0, 1),
-        "resolution_note": resolution,
-    }
-    report["_rows"] = (rows, final_rows)  # for the plot; dropped before writing
+    keep, tried = search_keep_list(trial, cands, settings.max_keep, settings.max_evaluations, known={(): first})
+    final = next(r for r in tried if r["keep"] == list(keep)) if keep is not None else tried[-1]
+    final_rows = rows
+    if keep:
+        kept = Recorder(folded, dtype)
+        with kept, paddle.no_grad(), DeployedEmulation(dtype, keep)():
+            for batch in _batches(dep, cap):
+                dep.forward(folded, batch)
+        final_rows = compare(ref.recorder.calls, kept.calls, dtype)
+    report = build_report(precision=precision, dtype=dtype, metric=metric, rule=rule, settings=settings,
+                          ref_metrics=ref.metrics, tried=tried, final=final, keep=keep, cands=cands,
+                          rows=rows, final_rows=final_rows, scan=low_rec, n_images=n, n_folded=n_folded,
+                          seconds=time.time() - t0)
     if keep is None:
-        raise PrecisionRefused(_refusal(report, worst, settings), report)
+        raise PrecisionRefused(refusal(report), report)
     return report
-
-
-def _resolution_note(metric: str, n_images: int, margin_pp: float) -> str | None:
-    """A warning when top-1's margin is finer than the split resolves, else None.
-
-    One image whose top-1 changes moves top-1 by 100/n pp, and the paired bootstrap's 90 % interval
-    of a single such image reaches 3 images' worth (P(Binomial(n, 1/n) >= 3) is about 8 %). With
-    a margin at or below that, one changed image among n makes the verdict "not shown", and the
-    search keeps ops fp32 to undo a difference the split cannot tell from none (MODEL_CARDS,
-    Deployment precision: resnet18 on 1000 images)."""
-    if metric != "top1" or n_images <= 0:
-        return None
-    one = 100.0 / n_images
-    if margin_pp > 3 * one:
-        return None
-    return (f"margin ±{margin_pp:g} pp is within 3 images' worth on {n_images} images (one changed top-1 "
-            f"= {one:.2g} pp): a single changed image cannot be shown equivalent; give more images "
-            f"(export.calibration=..., or data.builder.num_val) or a wider export.check.margin.top1")
-
-
-def _refusal(report: dict, worst: dict | None, settings: CheckSettings) -> str:
-    where = (f"; worst layer {worst['key']} ({worst['layer_type']}"
-             f"{', first non-finite output' if worst['nonfinite'] > 0 else ''})") if worst else ""
-    first = report["without_keep_list"]
-    return (f"export.precision={report['precision']}: {first['verdict']} against FP32 ({report['metric']} "
-            f"{first['delta_pp']:+.2f} pp, {100 * report['level']:.0f}% CI [{first['ci_pp'][0]:+.2f}, "
-            f"{first['ci_pp'][1]:+.2f}], margin ±{report['margin_pp']:g}) and no keep-list of up to "
-            f"{settings.max_keep} ops within {settings.max_evaluations} evaluations makes it equivalent{where}")

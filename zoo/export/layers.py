@@ -1,25 +1,31 @@
 """Per-layer numerics of a deployed low-precision network against FP32, on the same images.
 
-:func:`record` runs forwards with every ``_C_ops`` call named by the layer running it
-(``layer:op``, ``#n`` for its n-th call in that layer), in FP32 and then under a
-:class:`~zoo.export.deployed.DeployedEmulation`. It keeps each call's magnitudes and an evenly strided
-sample of its output. :func:`compare` sets the two runs side by side, one row per op call:
+:class:`Recorder` records every ``_C_ops`` call of the forwards of a network run inside it, named by
+the layer running it (``layer:op``, ``#n`` for its n-th call in that layer), whoever runs them: the
+guard records during its FP32 and low-precision evaluations (zoo.engine.evaluate), so the scan sees
+every image the verdict does at the cost of the hooks only. It keeps each call's magnitudes, how
+many images had a non-finite output, its cost (zoo/export/compute.py) and an evenly strided sample
+of its output. :func:`record` runs given batches through one. :func:`compare` sets two runs side by
+side, one row per op call:
 
 - ``max_abs``: largest |output| in FP32; ``overflow``: share of FP32 outputs beyond the format's max,
   computed in the low format (they become inf); ``flush``: share of nonzero FP32 outputs below half
-  the format's smallest subnormal (they become 0);
+  the format's smallest subnormal (they become 0) that rounding at the tensor's scale would not lose
+  anyway (at least its largest |value| x the format's unit roundoff);
 - ``rel_err``: ||low - fp32|| / ||fp32|| over the sample (inf when the low output is not finite
   where FP32 is);
 - ``local_err``: what rounding this op's FP32 output alone would cost (the same norm, the format's
   rounding applied to the FP32 output); ``growth`` = rel_err / local_err, how much of the error
   arrived from upstream and grew;
-- ``nonfinite``: share of non-finite low-precision outputs; the first call in execution order
-  with any is named by :func:`first_nonfinite`.
+- ``nonfinite``: share of non-finite low-precision outputs, and ``nonfinite_images`` of ``images``
+  had one; the first call in execution order with any is named by :func:`first_nonfinite`.
 
-Rows sort by harm (:func:`harm`): non-finite outputs first, then overflow, then relative error.
+Rows sort by harm (:func:`harm`): what the format cannot hold first (non-finite outputs, then
+overflow, then flush to zero), then relative error: an op that overflows is worse than any rounding.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -30,8 +36,10 @@ from zoo.amp import emulation as emu
 from zoo.diagnostics.conformance import every_op
 from zoo.diagnostics.numerics import FORMATS
 from zoo.diagnostics.probe import LayerNames, bf16_round, sample
+from zoo.export.compute import op_cost
 
-__all__ = ["Call", "compare", "first_nonfinite", "harm", "plot", "record", "round_to_format", "table"]
+__all__ = ["Call", "Recorder", "compare", "first_nonfinite", "first_overflow", "harm", "plot", "record",
+           "round_to_format", "table"]
 
 
 @dataclass
@@ -46,20 +54,31 @@ class Call:
     numel: int = 0
     nonfinite: int = 0
     over: int = 0          # |x| > format max (in an FP32 run: would overflow)
-    flush: int = 0         # 0 < |x| < min_subnormal / 2 (in an FP32 run: would become 0)
+    flush: int = 0         # 0 < |x| < min_subnormal / 2, where it matters (in an FP32 run: would become 0)
     max_abs: float = 0.0
+    images: int = 0        # images of the forwards this call ran in
+    nonfinite_images: int = 0
+    cost: int = 0          # arithmetic (zoo/export/compute.py), and the part of it computed fp32
+    fp32_cost: int = 0
     samples: list = field(default_factory=list)
 
-    def add(self, value: np.ndarray, fmt) -> None:
-        a = np.abs(np.asarray(value, np.float32).ravel())
+    def add(self, value: np.ndarray, fmt, n_images: int = 0) -> None:
+        value = np.asarray(value, np.float32)
+        a = np.abs(value.ravel())
         finite = np.isfinite(a)
         self.numel += a.size
         self.nonfinite += int(a.size - finite.sum())
+        if n_images and value.ndim and value.shape[0] == n_images:  # per image, when the batch leads
+            self.images += n_images
+            self.nonfinite_images += int((~finite.reshape(n_images, -1).all(axis=1)).sum())
         a = a[finite]
         self.over += int((a > fmt.max).sum())
-        self.flush += int(((a > 0) & (a < fmt.min_subnormal / 2)).sum())
         if a.size:
-            self.max_abs = max(self.max_abs, float(a.max()))
+            top = float(a.max())
+            self.max_abs = max(self.max_abs, top)
+            # a flush counts only where rounding at the tensor's own scale would not lose the value
+            # anyway: DB's sigmoid flushes background probabilities of 1e-9 beside 1.0, harmlessly
+            self.flush += int(((a > 0) & (a < fmt.min_subnormal / 2) & (a >= top * fmt.unit_roundoff)).sum())
         self.samples.append(sample(value))
 
 
@@ -72,37 +91,92 @@ def round_to_format(x: np.ndarray, dtype: str) -> np.ndarray:
     return bf16_round(x)
 
 
+class Recorder:
+    """``with Recorder(model, dtype) as rec:`` records every op call of the forwards of ``model`` run
+    inside it (``rec.calls``, in execution order), in whatever emulation is active when they run.
+
+    A forward starts at ``model``'s forward pre-hook; op calls outside one (post-processing) are not
+    recorded. zoo.amp.nonfinite.NonFiniteWatch runs a batch with a non-finite output a second time,
+    with the same input tensor, to name its first layer: such a rerun is not recorded again.
+    ``max_forwards`` caps the forwards recorded (None: all). ``values=False`` records only each call's
+    precision and cost, cheap enough for every step of the keep-list search.
+    """
+
+    def __init__(self, model, dtype: str, max_forwards: int | None = None, values: bool = True):
+        self.model, self.fmt, self.values = model, FORMATS[dtype], values
+        self.max_forwards = max_forwards
+        self.calls: dict[str, Call] = {}
+        self.forwards = self.images = self.skipped_forwards = self.skipped_images = 0
+        self._seen: dict[str, int] = {}
+        self._active, self._n, self._last = False, 0, None
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self):
+        emu.install()  # the emulation's wrappers go under every_op's, never over them (they would be lost)
+        stack = contextlib.ExitStack()
+        self._names = stack.enter_context(LayerNames(self.model))
+        stack.enter_context(every_op(self._hook))
+        for handle in (self.model.register_forward_pre_hook(self._begin),
+                       self.model.register_forward_post_hook(self._end)):
+            stack.callback(handle.remove)
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        self._last = None
+        return False
+
+    def _begin(self, _layer, inputs):
+        x = inputs[0] if isinstance(inputs, (list, tuple)) and inputs else inputs
+        rerun = x is self._last   # kept referenced, so a new batch can never be the same object
+        self._last = x
+        n = int(x.shape[0]) if isinstance(x, paddle.Tensor) and x.ndim else 1
+        self._active = False
+        if rerun:
+            return
+        if self.max_forwards is not None and self.forwards >= self.max_forwards:
+            self.skipped_forwards += 1
+            self.skipped_images += n
+            return
+        self._active, self._n = True, n
+        self.forwards += 1
+        self.images += n
+        self._seen.clear()
+
+    def _end(self, *_):
+        self._active = False
+
+    def _hook(self, name, fn, args, kwargs):
+        out = fn(*args, **kwargs)
+        if not self._active:
+            return out
+        t = out[0] if isinstance(out, (list, tuple)) and out else out
+        if not isinstance(t, paddle.Tensor) or t.dtype not in emu._FLOAT:
+            return out
+        layer, kind = self._names.current
+        base = f"{layer}:{name}"
+        self._seen[base] = self._seen.get(base, 0) + 1
+        key = base if self._seen[base] == 1 else f"{base}#{self._seen[base] - 1}"
+        call = self.calls.setdefault(key, Call(key, name, layer, kind))
+        low = emu.is_low(t)
+        call.low = call.low or low
+        cost = op_cost(name, args, t)
+        call.cost += cost
+        call.fp32_cost += 0 if low else cost
+        if self.values:
+            call.add(t.numpy(), self.fmt, self._n)
+        return out
+
+
 def record(model, forward, batches, dtype: str, emulation=None) -> dict[str, Call]:
     """``forward(model, batch)`` over ``batches`` with every op call recorded (in execution order);
     under ``emulation`` (a DeployedEmulation) when given, else in FP32."""
-    fmt = FORMATS[dtype]
-    emu.install()  # the emulation's wrappers go under every_op's, never over them (they would be lost)
-    calls: dict[str, Call] = {}
-    seen: dict[str, int] = {}
-    with LayerNames(model) as names, paddle.no_grad():
-        def hook(name, fn, args, kwargs):
-            out = fn(*args, **kwargs)
-            t = out[0] if isinstance(out, (list, tuple)) and out else out
-            if not isinstance(t, paddle.Tensor) or t.dtype not in emu._FLOAT:
-                return out
-            layer, kind = names.current
-            base = f"{layer}:{name}"
-            seen[base] = seen.get(base, 0) + 1
-            key = base if seen[base] == 1 else f"{base}#{seen[base] - 1}"
-            call = calls.setdefault(key, Call(key, name, layer, kind))
-            call.low = call.low or emu.is_low(t)
-            call.add(t.numpy(), fmt)
-            return out
-
+    with Recorder(model, dtype) as rec, paddle.no_grad():
         for batch in batches:
-            seen.clear()
-            with every_op(hook):
-                if emulation is None:
-                    forward(model, batch)
-                else:
-                    with emulation():
-                        forward(model, batch)
-    return calls
+            with emulation() if emulation is not None else contextlib.nullcontext():
+                forward(model, batch)
+    return rec.calls
 
 
 def _rel(ref: np.ndarray, got: np.ndarray) -> float:
@@ -131,19 +205,27 @@ def compare(ref: dict[str, Call], low: dict[str, Call], dtype: str) -> list[dict
                      "overflow": r.over / max(r.numel, 1), "flush": r.flush / max(r.numel, 1),
                      "rel_err": rel, "local_err": local,
                      "growth": (rel / local if local > 0 else (math.inf if rel > 0 else 1.0)),
-                     "nonfinite": g.nonfinite / max(g.numel, 1)})
+                     "nonfinite": g.nonfinite / max(g.numel, 1), "nonfinite_images": g.nonfinite_images,
+                     "images": g.images})
     return rows
 
 
 def harm(row: dict) -> tuple:
-    """Sort key, most harmful first: non-finite outputs, then overflow, then relative error."""
+    """Sort key, most harmful first: what the format cannot hold (non-finite outputs, overflow, flush
+    to zero, in that order) before any rounding error, then relative error."""
     rel = row["rel_err"]
-    return (-row["nonfinite"], -row["overflow"], -(rel if math.isfinite(rel) else 1e300))
+    return (-row["nonfinite"], -row["overflow"], -row["flush"], -(rel if math.isfinite(rel) else 1e300))
 
 
 def first_nonfinite(rows: list[dict]) -> dict | None:
     """The first op call, in execution order, whose low-precision output holds inf or NaN."""
     return next((r for r in rows if r["nonfinite"] > 0), None)
+
+
+def first_overflow(rows: list[dict]) -> dict | None:
+    """Where the format first fails to hold a value: the first non-finite output, else the first op
+    call (execution order) whose FP32 values exceed the format's max."""
+    return first_nonfinite(rows) or next((r for r in rows if r["overflow"] > 0), None)
 
 
 def _g(x: float) -> str:
