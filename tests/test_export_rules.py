@@ -282,7 +282,7 @@ def test_an_fp32_network_with_nan_outputs_is_not_compared_but_named():
     dep = Deployment(ClassifierProbs(net).eval(), "classification", lambda: build(cfg.model.task, "model.task"),
                      build(cfg.data.builder, "data.builder").build("val", 0), 8)
     with pytest.raises(ExportError, match=r"^export.precision=fp16: the FP32 network itself outputs inf/NaN "
-                                          r"\(16 of 16 images had non-finite outputs; first at "):
+                                          r"\(16 of 16 images met non-finite values \(first at "):
         check_precision_export(dep, "fp16", "float16", CheckSettings(), log=lambda *_: None)
 
 

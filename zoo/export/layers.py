@@ -96,8 +96,8 @@ class Recorder:
     inside it (``rec.calls``, in execution order), in whatever emulation is active when they run.
 
     A forward starts at ``model``'s forward pre-hook; op calls outside one (post-processing) are not
-    recorded. zoo.amp.nonfinite.NonFiniteWatch runs a batch with a non-finite output a second time,
-    with the same input tensor, to name its first layer: such a rerun is not recorded again.
+    recorded. A forward run a second time on the same input tensor (a caller re-running a batch) is
+    recorded once.
     ``max_forwards`` caps the forwards recorded (None: all). ``values=False`` records only each call's
     precision and cost, cheap enough for every step of the keep-list search.
     """
