@@ -18,6 +18,8 @@ import numpy as np
 from zoo.amp import emulation as emu
 from zoo.amp.capability import DeviceInfo
 from zoo.diagnostics.numerics import FORMATS, Stats, cosine, relative_error
+from zoo.diagnostics.eval_findings import eval_batch_count, examine_eval
+from zoo.diagnostics.findings import SEVERITY, verdict
 from zoo.diagnostics.prescribe import diagnose
 from zoo.diagnostics.probe import Probe, param_grads, sample, train_batches
 from zoo.engine.run import ConfigError, build, build_amp, build_optimizer, seed_everything, validate
@@ -170,6 +172,10 @@ def examine(cfg) -> dict:
     steps = doc.get("steps", 3)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"doctor.steps: expected a positive integer, got {steps!r}")
+    eval_batch_count(doc)   # a bad doctor.eval_batches fails before anything runs
+    for key in ("check",):
+        if not isinstance(doc.get(key, True), bool):
+            raise ConfigError(f"doctor.{key}: expected true or false, got {doc.get(key)!r}")
     amp = build_amp(cfg)
     if not amp.enabled:
         raise ConfigError(f"amp: {cfg.amp.name} computes in FP32, nothing to predict; pick O1, O2, "
@@ -184,10 +190,17 @@ def examine(cfg) -> dict:
     if doc.get("check", True):
         emulated = check(*_fresh(cfg, steps), batches, build_amp(cfg))
     result = diagnose(measured, emulated, amp)
+    n_eval = eval_batch_count(doc)
+    if n_eval != 0:   # what runs in evaluation: the eval-mode forward on validation images
+        probed = examine_eval(cfg, amp, measured, n_eval)
+        result["findings"] = sorted(result["findings"] + probed["findings"], key=lambda f: -SEVERITY[f["severity"]])
+        result["verdict"] = verdict(result["findings"])
+        result["eval"], result["eval_records"] = probed["info"], probed["records"]
     result.update(model=cfg.model.name, amp=cfg.amp.name, level=amp.level, dtype=amp.dtype,
                   black_list=list(amp.black), white_list=list(amp.white), master_grad=amp.master_grad,
                   steps=steps, batch_size=int(cfg.model.batch_size), data=cfg.data.name,
                   seconds={"measure": measured.seconds, "check": emulated.seconds if emulated else None,
+                           "eval": result["eval"]["seconds"]["total"] if "eval" in result else None,
                            "total": time.time() - t0})
     result["measured"], result["emulated"] = measured, emulated
     result["comparison"] = compare(measured, emulated) if emulated else None
