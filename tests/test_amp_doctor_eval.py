@@ -1,16 +1,19 @@
-"""tools/amp_doctor.py, issue 39 item 3: the eval-mode probe, and underflow ranked by the gradient
-signal lost."""
+"""tools/amp_doctor.py, issue 39 item 3: the eval-mode probe, prescriptions checked before they are
+printed, and underflow ranked by the gradient signal lost."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import paddle
-from conftest import compose
+import pytest
+from conftest import ROOT, compose, run_tool
 
 from zoo.amp import Amp
 from zoo.diagnostics.doctor import examine, measure
 from zoo.diagnostics.eval_findings import EVAL_FP32, probe_findings
+from zoo.diagnostics.fix_check import check_fixes
 from zoo.diagnostics.prescribe import diagnose
 
 FP16_MAX = 65504.0
@@ -107,6 +110,45 @@ def test_without_the_running_statistics_plant_the_eval_probe_finds_nothing():
     assert got["findings"] == [] and got["info"]["nonfinite_images"] == []
 
 
+# ---- a prescription is checked before it is printed -------------------------------------------------
+def _f(kind, severity, fix, **kw):
+    return {"kind": kind, "severity": severity, "what": kind, "why": "", "fix": fix, **kw}
+
+
+def test_a_fix_that_makes_the_verdict_worse_is_replaced_by_the_next_candidate():
+    calib = _f("calibration", "note", "amp.init_loss_scaling=32768", candidates=["amp.init_loss_scaling=8192"])
+    seen = []
+
+    def judge(over):   # 32768: no headroom, the emulated steps skip (db_det amp=O2, issue 39)
+        seen.append(over)
+        return [_f("emulated skips", "risky", "")] if over["amp.init_loss_scaling"] == 32768 else []
+
+    check_fixes([calib], judge)
+    assert calib["fix"] == "amp.init_loss_scaling=8192" and calib["fix_check"]["verdict_with_fix"] == "OK"
+    assert calib["fix_check"]["rejected"][0]["fix"] == "amp.init_loss_scaling=32768"
+    assert "emulated skips becomes risky" in calib["fix_check"]["rejected"][0]["worse"]
+    assert seen == [{"amp.init_loss_scaling": 32768}, {"amp.init_loss_scaling": 8192}]
+
+
+def test_no_fix_is_printed_when_every_candidate_is_worse_and_switches_are_not_judged():
+    under = _f("underflow", "risky", "amp.init_loss_scaling=4")
+    skips = _f("emulated skips", "risky", "amp.guard.find_nonfinite_layer=true (tools/train.py) to name the layer")
+    check_fixes([under, skips], lambda over: [_f("underflow", "risky", "x"), _f("flush", "risky", "y")])
+    assert under["fix"].startswith("none checked better: amp.init_loss_scaling=4 (")
+    assert "flush becomes risky" in under["fix"] and "underflow stays risky" in under["fix"]
+    assert skips["fix_check"] == {"checked": False, "why": "not a setting"}
+
+
+def test_an_eval_fix_is_judged_by_its_eval_check_and_keeps_the_training_findings():
+    ev = _f("eval overflow conv2d", "risky", EVAL_FP32, mode="eval",
+            fix_checks={EVAL_FP32: {"prevents": True, "how": "the FP32 pass", "images": 10, "nonfinite_images": 0}})
+    note = _f("calibration", "note", "amp.init_loss_scaling=8192")
+    check_fixes([ev, note], lambda over: [])
+    assert ev["fix"] == EVAL_FP32 and ev["fix_check"]["verdict_with_fix"] == "OK"
+    assert ev["fix_check"]["findings_with_fix"] == ["[note] calibration"]   # training side untouched
+    assert note["fix_check"]["verdict_with_fix"] == "risky"                  # the eval finding stays
+
+
 # ---- underflow ranked by the signal lost --------------------------------------------------------------
 class TwoBranch(paddle.nn.Layer):
     """``fc_a`` reaches the loss scaled by 1e-12 (its FP32 gradient is ~0 everywhere), ``fc_b``
@@ -150,7 +192,7 @@ def test_underflow_ranks_by_signal_lost_not_by_the_share_of_tiny_entries():
 # ---- db_det_tiny: a planted eval-mode overflow in head.binarize.conv1 ------------------------------------
 SMALL = ["data.builder.num_train=16", "data.builder.num_val=10", "data.builder.image_size=[128,128]",
          "data.builder.crop_size=96", "doctor.steps=2"]
-PLANT = ["model=db_det_tiny", "amp=O1", *SMALL, "doctor.check=false"]
+PLANT = ["model=db_det_tiny", "amp=O1", *SMALL, "doctor.check=false", "doctor.check_fixes=false"]
 
 
 def _eval_output(model, image):
@@ -190,3 +232,24 @@ def test_db_tiny_planted_eval_overflow_in_the_binarize_conv_is_named(tmp_path):
     assert ev[0]["fix_checks"][EVAL_FP32]["prevents"] and ev[0]["fix"] == EVAL_FP32
     clean = examine(compose([*PLANT, f"model.net.pretrained={plain}"], "doctor"))
     assert not [f for f in clean["findings"] if f.get("mode") == "eval"] and clean["eval"]["nonfinite_images"] == []
+
+
+# ---- the tool: a printed fix applied does not make the verdict worse ---------------------------------------
+@pytest.mark.slow   # two runs of the tool on db_det_tiny (~30 s)
+def test_db_tiny_o2_printed_fix_applied_is_no_worse(tmp_path):
+    def tool(*extra):
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        res = run_tool(["tools/amp_doctor.py", "model=db_det_tiny", "amp=O2", *SMALL, "doctor.eval_batches=1",
+                        f"doctor.out={out}", *extra], ROOT)
+        assert res.returncode in (0, 1), res.stderr[-2000:]
+        return res, json.loads((out / "doctor.json").read_text())
+
+    res, data = tool()
+    fixes = [f for f in data["findings"] if f.get("fix_check", {}).get("checked") and f["fix_check"]["verdict_with_fix"]]
+    assert fixes, data["findings"]   # db_det's O2 recipe: the calibration note, its scale checked
+    assert "checked: verdict with it" in res.stdout and "eval-mode probe" in res.stdout
+    order = ["OK", "risky", "will fail"]
+    for f in fixes:
+        _, fixed = tool(*f["fix"].split())
+        assert order.index(fixed["verdict"]) <= order.index(data["verdict"]), (f["fix"], fixed["findings"])
+        assert order.index(fixed["verdict"]) == order.index(f["fix_check"]["verdict_with_fix"])

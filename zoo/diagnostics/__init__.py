@@ -9,6 +9,7 @@ the conformance check against Paddle's compiled AMP rule, and number-format stat
   the loss-scale window and underflow, judged by the gradient signal lost);
 - :mod:`zoo.diagnostics.eval_probe`, :mod:`zoo.diagnostics.eval_findings`: the eval-mode forward on
   validation images, as evaluation runs it, and what overflows there;
+- :mod:`zoo.diagnostics.fix_check`: a fix is printed only after the doctor judged again with it;
 - :mod:`zoo.diagnostics.doctor_report`: the doctor's table, JSON, plot and HTML;
 - :mod:`zoo.diagnostics.conformance`: the emulation's op decisions against Paddle's own
   (``tools/amp_conformance.py``).

@@ -19,6 +19,7 @@ from zoo.amp import emulation as emu
 from zoo.amp.capability import DeviceInfo
 from zoo.diagnostics.numerics import FORMATS, Stats, cosine, relative_error
 from zoo.diagnostics.eval_findings import eval_batch_count, examine_eval
+from zoo.diagnostics.fix_check import check_fixes, reuses_measurement, with_overrides
 from zoo.diagnostics.findings import SEVERITY, verdict
 from zoo.diagnostics.prescribe import diagnose
 from zoo.diagnostics.probe import Probe, param_grads, sample, train_batches
@@ -164,6 +165,17 @@ def _fresh(cfg, n_batches: int):
     return model, task, optimizer
 
 
+def _judge(cfg, batches, measured, steps: int, run_check: bool):
+    """``judge(overrides)``: the findings of the training steps with ``overrides`` applied, the FP32
+    measurement reused when only the loss scaler changes, the emulated steps re-run."""
+    def judge(over: dict) -> list[dict]:
+        c = with_overrides(cfg, over)
+        fresh = measured if reuses_measurement(over) else measure(*_fresh(c, steps), batches, build_amp(c))
+        emulated = check(*_fresh(c, steps), batches, build_amp(c)) if run_check else None
+        return diagnose(fresh, emulated, build_amp(c))["findings"]
+    return judge
+
+
 def examine(cfg) -> dict:
     """Measure, predict, check: everything ``tools/amp_doctor.py`` writes, as one dict."""
 
@@ -173,7 +185,7 @@ def examine(cfg) -> dict:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"doctor.steps: expected a positive integer, got {steps!r}")
     eval_batch_count(doc)   # a bad doctor.eval_batches fails before anything runs
-    for key in ("check",):
+    for key in ("check", "check_fixes"):
         if not isinstance(doc.get(key, True), bool):
             raise ConfigError(f"doctor.{key}: expected true or false, got {doc.get(key)!r}")
     amp = build_amp(cfg)
@@ -196,12 +208,15 @@ def examine(cfg) -> dict:
         result["findings"] = sorted(result["findings"] + probed["findings"], key=lambda f: -SEVERITY[f["severity"]])
         result["verdict"] = verdict(result["findings"])
         result["eval"], result["eval_records"] = probed["info"], probed["records"]
+    t1 = time.time()
+    if doc.get("check_fixes", True):   # no prescription its own judgement calls worse
+        check_fixes(result["findings"], _judge(cfg, batches, measured, steps, bool(doc.get("check", True))))
     result.update(model=cfg.model.name, amp=cfg.amp.name, level=amp.level, dtype=amp.dtype,
                   black_list=list(amp.black), white_list=list(amp.white), master_grad=amp.master_grad,
                   steps=steps, batch_size=int(cfg.model.batch_size), data=cfg.data.name,
                   seconds={"measure": measured.seconds, "check": emulated.seconds if emulated else None,
                            "eval": result["eval"]["seconds"]["total"] if "eval" in result else None,
-                           "total": time.time() - t0})
+                           "fix_checks": time.time() - t1, "total": time.time() - t0})
     result["measured"], result["emulated"] = measured, emulated
     result["comparison"] = compare(measured, emulated) if emulated else None
     return result
