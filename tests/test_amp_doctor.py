@@ -127,6 +127,21 @@ def test_underflow_at_a_static_scale_fails_and_the_window_scale_fixes_it():
     assert not any("underflow" in f["what"] for f in ok["findings"])
 
 
+def test_subnormal_gradients_at_a_static_scale_are_risky_though_none_round_to_0():
+    # gradients ~1e-5: inside fp16's subnormals (6e-8 .. 6.1e-5) at scale 1, a few bits each, little 0
+    kw = {"use_dynamic_loss_scaling": False, "init_loss_scaling": 1.0, "master_grad": True}
+    res, measured, _ = _doctor(TinyGradNet, Task(1e-4), kw, run_check=False)
+    g = np.concatenate([measured.first_params[n].ravel() for n in measured.first_params]).astype(np.float64)
+    norm = (g ** 2).sum()
+    assert (g[np.abs(g) < 2.0 ** -25] ** 2).sum() < 1e-4 * norm < 0.25 * norm < (g[np.abs(g) < 2.0 ** -14] ** 2).sum()
+    [under] = [f for f in res["findings"] if f["kind"] == "underflow"]
+    assert under["severity"] == "risky" and under["share"] < 0.01 < max(under["below_normal"].values())
+    lo, hi = res["loss_scale"]["window"]
+    assert lo > 1 and under["fix"].startswith(f"amp.init_loss_scaling={max(lo, hi / 4):g} ")
+    ok, _, _ = _doctor(TinyGradNet, Task(1e-4), {**kw, "init_loss_scaling": max(lo, hi / 4)}, run_check=False)
+    assert not [f for f in ok["findings"] if f["kind"] == "underflow"]
+
+
 def test_o2_stored_gradient_flush_is_predicted_confirmed_and_master_grad_removes_it():
     kw = {"init_loss_scaling": 2.0 ** 20}     # large enough that nothing underflows before storing
     res, measured, emulated = _doctor(TinyGradNet, Task(1e-12), kw)

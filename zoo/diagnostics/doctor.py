@@ -152,7 +152,23 @@ def compare(ref: Run, got: Run) -> dict:
             lost += weight * int(((r != 0) & (g == 0)).sum())
             total += weight * int((r != 0).sum())
     return {"ops": rows, "params": params,
-            "lost_nonzero_param_grads": lost / total if total else None}
+            "lost_nonzero_param_grads": lost / total if total else None,
+            "update_rel_err": update_error(ref, got) if first_stepped else None}
+
+
+def update_error(ref: Run, got: Run) -> float | None:
+    """Step 1's whole parameter gradient (the update's direction), emulated against FP32:
+    ||g - r|| / ||r|| over every parameter, each sample standing for its tensor. A parameter whose
+    FP32 gradient is ~0 weighs ~0 here, however far off its own relative error is."""
+    diff = norm = 0.0
+    for name, r in ref.first_params.items():
+        g = got.first_params.get(name)
+        if g is None or g.shape != r.shape or not np.isfinite(g).all():
+            return None
+        weight = ref.sizes[name] / r.size
+        diff += weight * float(((g.astype(np.float64) - r) ** 2).sum())
+        norm += weight * float((r.astype(np.float64) ** 2).sum())
+    return float(np.sqrt(diff / norm)) if norm > 0 else None
 
 
 def _fresh(cfg, n_batches: int):

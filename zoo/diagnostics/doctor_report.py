@@ -135,6 +135,9 @@ def _check_lines(result: dict) -> list[str]:
             f"step {scales}; loss {', '.join(_fmt(v, '{:.4g}') for v in emu.losses)} (FP32: "
             f"{', '.join(_fmt(v, '{:.4g}') for v in measured.losses)})")
     out = pre + [line]
+    update = (result.get("comparison") or {}).get("update_rel_err")
+    if update is not None:   # the signal the update keeps: ~0 FP32 gradients weigh ~0 here
+        out.append(f"  step 1, every parameter's gradient (the update) emulated against FP32: relative L2 error {update:.3g}")
     lost = (result.get("comparison") or {}).get("lost_nonzero_param_grads")
     if lost is not None:
         out.append(f"  step 1: {lost:.0%} of the stored-low gradient entries FP32 has nonzero are 0 emulated "
@@ -199,7 +202,8 @@ def _json(result: dict, rows: list[dict]) -> dict:
                         "flushed_param_grad_share": emu.flushed,
                         "predicted_flushed_param_grad_share": result["measured"].flushed,
                         "params": (result.get("comparison") or {}).get("params", {}),
-                        "lost_nonzero_param_grads": (result.get("comparison") or {}).get("lost_nonzero_param_grads")}
+                        "lost_nonzero_param_grads": (result.get("comparison") or {}).get("lost_nonzero_param_grads"),
+                        "update_rel_err": (result.get("comparison") or {}).get("update_rel_err")}
     return out
 
 

@@ -89,6 +89,8 @@ def _finding(op, recs, amp, fmt, bad, probed, checks, measured, covered) -> dict
     fix = ok[0] if ok else "none prevents it among " + ", ".join(checks)
     note = (" (trainer.eval_precision=fp32: the final evaluation, the run's metric, in FP32; periodic "
             "evaluations, trainer.eval_every, stay in the training precision)" if EVAL_FP32 in ok else "")
+    note += "".join(f". {line} also keeps them finite (emulated on the flagged images); it runs every {op} in "
+                    "fp32, in training too" for line in ok[1:] if line != EVAL_FP32)
     why = (f"in the eval-mode forward ({covered}): max |{op}| = {recs[0].max_abs:.3g} > {fmt.max:g} "
            f"({share:.2%} of its outputs), computed in {fmt.name} ({recs[0].mode}-list op at {amp.level})"
            f"{_train_max(measured, [r.key for r in recs])}; {cost}. An {fmt.name} deployment of these "

@@ -2,12 +2,14 @@
 
 A gradient entry that rounds to 0 costs what it carried: tiny entries beside large ones, or a whole
 tensor whose gradient is ~0 in FP32 too (a BatchNorm bias behind another normalisation barely moves
-either way), lose next to nothing, however many they are. So underflow is ranked and judged by the
-share of the gradient's L2 norm in the entries that round to 0 (:func:`~zoo.diagnostics.numerics.
-signal_lost`), against the whole gradient of its kind, fp32 parts included: every op output's
-gradient for the gradients flowing into low-precision ops, every parameter's for the parameter
-gradients (the update's norm). The share of entries is kept beside it, and shown as a note when many
-entries but little signal round to 0.
+either way), lose next to nothing, however many they are. So underflow is ranked and judged by
+the share of the L2 norm of the fp16 gradients of a kind (the gradients flowing into low-precision
+ops; the parameter gradients low-precision ops produce) in the entries that round to 0, or that
+fall below the smallest normal, where fp16 keeps fewer than its 10 bits (:func:`~zoo.diagnostics.
+numerics.signal_lost`). A tensor ranks by the share of its kind's norm it loses. The share of
+entries is kept beside it, and shown as a note when many entries but little signal round to 0.
+The O2 stored-gradient flush (after unscaling) is judged against every parameter's gradient: the
+update.
 """
 from __future__ import annotations
 
@@ -21,23 +23,25 @@ from zoo.diagnostics.numerics import Stats, loss_scale_window, pick_scale, signa
 
 @dataclass
 class Family:
-    """Gradients of one kind a GPU holds in the format, and the squared L2 norm of the whole gradient
-    of that kind (fp32 ones included): the reference their lost signal is measured against."""
+    """Gradients of one kind a GPU holds in the format, and the squared L2 norm their lost signal is
+    measured against (default: their own, together)."""
 
     kind: str
     named: list          # (name, Stats) of the low-precision gradients
-    reference: float
+    reference: float = -1.0
+
+    def __post_init__(self):
+        if self.reference < 0:
+            self.reference = sum(s.sumsq for _, s in self.named)
 
 
 def gradient_families(measured) -> list[Family]:
-    """Gradients into low ops' outputs (against every op output's gradient) and into the parameters
-    low ops consume or that are stored low (a weight gradient of an fp16 conv is fp16; against every
-    parameter's gradient, the norm of the update)."""
+    """Gradients into low ops' outputs, and into the parameters low ops consume or that are stored
+    low (a weight gradient of an fp16 conv is fp16)."""
     ops = [(k, r.grad) for k, r in measured.records.items() if r.low and r.grad.nonzero]
     low = measured.low_params | measured.low_inputs
     params = [(n, s) for n, s in measured.params.items() if n in low and s.nonzero]
-    return [Family("op-output", ops, sum(r.grad.sumsq for r in measured.records.values())),
-            Family("parameter", params, sum(s.sumsq for s in measured.params.values()))]
+    return [Family("op-output", ops), Family("parameter", params)]
 
 
 def gradient_window(families: list[Family], fmt) -> tuple[float, float]:
@@ -64,27 +68,31 @@ def _element_share(named, bound, scale) -> float:
 
 
 def _underflow(families, scale, dynamic, fmt, fix, span) -> list[dict]:
-    """Gradients rounding to 0 at ``scale``, judged by the signal they carry, not their count."""
+    """Gradients rounding to 0, or to fewer bits than fp16's normals keep, at ``scale``: judged by
+    the signal they carry, not their count."""
     zero = fmt.min_subnormal / 2
     lost, ranked = signal_ranking(families, zero, scale)
-    signal = max(lost.values(), default=0.0)
+    below, ranked_below = signal_ranking(families, fmt.min_normal, scale)
+    signal, subnormal = max(lost.values(), default=0.0), max(below.values(), default=0.0)
     elements = _element_share([x for f in families for x in f.named], zero, scale)
-    worst = ", ".join(f"{n} {x:.1%}" for n, x in ranked[:3] if x > 0) or "none"
+    by_below = signal <= RISKY_SHARE < subnormal   # nothing much rounds to 0: rank by the bits lost
+    worst = ", ".join(f"{n} {x:.1%}" for n, x in (ranked_below if by_below else ranked)[:3] if x > 0) or "none"
     static = "" if dynamic else " (static: it never grows)"
-    if signal > RISKY_SHARE:
+    data = dict(kind="underflow", share=signal, signal_lost=lost, below_normal=below, element_share=elements,
+                worst=ranked[:10])
+    if signal > RISKY_SHARE or subnormal > RISKY_SHARE:
         severity = "will fail" if (not dynamic and signal > FAIL_SHARE) else "risky"
-        parts = " and ".join(f"{v:.1%} of the {k} gradients' L2 norm" for k, v in lost.items())
+        parts = " and ".join(f"{lost[k]:.1%} ({below[k]:.1%}) of the {k} gradients' L2 norm" for k in lost)
         return [_finding(severity, f"gradients underflow {fmt.name} at loss scale {scale:g}",
-                         f"{parts} sit in {fmt.name} entries that round to 0 at scale {scale:g}{static} "
-                         f"(against the whole gradient, fp32 parts included); worst tensors (share of the "
-                         f"norm lost): {worst}; {elements:.1%} of the nonzero entries; {span}", fix,
-                         kind="underflow", share=signal, signal_lost=lost, element_share=elements, worst=ranked[:10])]
+                         f"{parts} sit in {fmt.name} entries that round to 0 (that are subnormal or 0, keeping "
+                         f"fewer than 10 bits) at scale {scale:g}{static}; worst tensors (share of their kind's "
+                         f"norm {'below the smallest normal' if by_below else 'rounding to 0'}): {worst}; "
+                         f"{elements:.1%} of the nonzero entries round to 0; {span}", fix, **data)]
     if elements > 5 * RISKY_SHARE:   # many entries, no signal: shown, not judged
         return [_finding("note", f"{elements:.0%} of the nonzero {fmt.name} gradient entries round to 0 at "
                          f"loss scale {scale:g}, carrying {signal:.2%} of the gradient's L2 norm",
                          f"they sit in tensors whose gradient is ~0 in FP32 too (a parameter barely moving "
-                         f"either way); worst by signal: {worst}", "none needed",
-                         kind="underflow", share=signal, signal_lost=lost, element_share=elements, worst=ranked[:10])]
+                         f"either way); worst by signal: {worst}", "none needed", **data)]
     return []
 
 
