@@ -29,7 +29,7 @@ def op_rows(result: dict) -> list[dict]:
     scale = result["loss_scale"]["init_loss_scaling"] if fmt.name == "fp16" else 1.0
     comp = (result.get("comparison") or {}).get("ops", {})
     records = result["measured"].records
-    ref = sum(r.grad.sumsq for r in records.values())   # the whole op-output gradient (prescribe.Family)
+    ref = sum(r.grad.sumsq for r in records.values() if r.low)   # the fp16 op-output gradients (gradient_findings)
     rows = []
     for key, r in records.items():
         c = comp.get(key, {})
@@ -66,8 +66,8 @@ def table(result: dict, rows: list[dict], top: int) -> str:
             f"steps of batch {result['batch_size']} on data={result['data']}")
     low = [r for r in rows if r["precision"] != "fp32"]
     lines = [head, f"{len(low)} of {len(rows)} op outputs computed in {fmt.name}; top {top} by risk "
-             "(max|g|*S: gradient into the output at the initial loss scale; g->0: the share of the whole "
-             "gradient's L2 norm it loses to entries rounding to 0, n->0: the share of its entries that do; "
+             "(max|g|*S: gradient into the output at the initial loss scale; g->0: the share of the fp16 op-output "
+             "gradients' L2 norm it loses to entries rounding to 0, n->0: the share of its entries that do; "
              "relerr, cos, g cos: emulated step 1 against FP32):",
              f"{'layer:op':<44} {'type':<14} {'max|x|':>9} {'>max':>7} {'max|g|*S':>9} {'g->0':>6} {'n->0':>6} "
              f"{'relerr':>7} {'cos':>6} {'g cos':>6}", "-" * 122]

@@ -97,8 +97,8 @@ def _finding(op, recs, amp, fmt, bad, probed, checks, measured, covered) -> dict
            f"weights overflows there too{note}")
     return {"severity": "will fail" if bad and len(bad) == probed else "risky", "mode": "eval",
             "kind": f"eval overflow {op}", "what": f"{op} overflows {fmt.name} in the eval-mode forward: {names}",
-            "why": why, "fix": fix, "candidates": ok[1:], "op": op, "layers": [r.key for r in recs], "max_abs": recs[0].max_abs,
-            "nonfinite_images": len(bad), "images": probed, "fix_checks": checks}
+            "why": why, "fix": fix, "candidates": ok[1:], "op": op, "layers": [r.key for r in recs],
+            "max_abs": recs[0].max_abs, "nonfinite_images": len(bad), "images": probed, "fix_checks": checks}
 
 
 def _unlocated(bad, probed, fp32, covered) -> dict:
@@ -134,6 +134,11 @@ def probe_findings(model, task, batches, val_set, amp, measured, covered: str) -
         findings.append(_finding(op, recs, amp, fmt, bad, probed, checks, measured, covered))
     if bad and not roots:
         findings.append(_unlocated(bad, probed, fp32, covered))
+    if fp32.nonfinite:   # the weights themselves, whatever the precision
+        findings.append({"severity": "risky", "mode": "eval", "kind": "eval non-finite in fp32",
+                         "what": f"{len(fp32.nonfinite)} of {probed} validation images get non-finite outputs in FP32 too",
+                         "why": f"({covered}) the weights (model.net.pretrained) make them, not the precision",
+                         "fix": "none: not a precision setting"})
     seconds["total"] = time.time() - t0
     info = {"covered": covered, "images": probed, "emulated_images": emulated.images,
             "flagged_images": fp32.flagged, "nonfinite_images": bad, "nonfinite_images_fp32": fp32.nonfinite,
