@@ -127,6 +127,21 @@ def test_underflow_at_a_static_scale_fails_and_the_window_scale_fixes_it():
     assert not any("underflow" in f["what"] for f in ok["findings"])
 
 
+def test_subnormal_gradients_at_a_static_scale_are_risky_though_none_round_to_0():
+    # gradients ~1e-5: inside fp16's subnormals (6e-8 .. 6.1e-5) at scale 1, a few bits each, little 0
+    kw = {"use_dynamic_loss_scaling": False, "init_loss_scaling": 1.0, "master_grad": True}
+    res, measured, _ = _doctor(TinyGradNet, Task(1e-4), kw, run_check=False)
+    g = np.concatenate([measured.first_params[n].ravel() for n in measured.first_params]).astype(np.float64)
+    norm = (g ** 2).sum()
+    assert (g[np.abs(g) < 2.0 ** -25] ** 2).sum() < 1e-4 * norm < 0.25 * norm < (g[np.abs(g) < 2.0 ** -14] ** 2).sum()
+    [under] = [f for f in res["findings"] if f["kind"] == "underflow"]
+    assert under["severity"] == "risky" and under["share"] < 0.01 < max(under["below_normal"].values())
+    lo, hi = res["loss_scale"]["window"]
+    assert lo > 1 and under["fix"].startswith(f"amp.init_loss_scaling={max(lo, hi / 4):g} ")
+    ok, _, _ = _doctor(TinyGradNet, Task(1e-4), {**kw, "init_loss_scaling": max(lo, hi / 4)}, run_check=False)
+    assert not [f for f in ok["findings"] if f["kind"] == "underflow"]
+
+
 def test_o2_stored_gradient_flush_is_predicted_confirmed_and_master_grad_removes_it():
     kw = {"init_loss_scaling": 2.0 ** 20}     # large enough that nothing underflows before storing
     res, measured, emulated = _doctor(TinyGradNet, Task(1e-12), kw)
@@ -171,7 +186,7 @@ def _tool(tmp_path, *overrides):
 
 @pytest.mark.slow  # the first DB test of a session generates synthetic_text (~20 s)
 def test_db_tiny_without_the_exp_entry_will_fail(tmp_path):
-    res, data, out = _tool(tmp_path, "model=db_det_tiny", "amp=O2", "amp.custom_black_list=[]")
+    res, data, out = _tool(tmp_path, "model=db_det_tiny", "amp=O2", "amp.custom_black_list=[]", "doctor.eval_batches=1")
     assert res.returncode == 1, res.stderr[-2000:]
     assert data["verdict"] == "will fail" and data["findings"][0]["fix"] == "amp.custom_black_list=[exp]"
     assert "DBHead" in data["findings"][0]["what"] and not any(data["check"]["stepped"])
@@ -181,7 +196,8 @@ def test_db_tiny_without_the_exp_entry_will_fail(tmp_path):
 
 @pytest.mark.slow
 def test_db_tiny_with_exp_black_listed_has_no_exp_finding(tmp_path):
-    res, data, _ = _tool(tmp_path, "model=db_det_tiny", "amp=O2", "amp.custom_black_list=[exp]")
+    res, data, _ = _tool(tmp_path, "model=db_det_tiny", "amp=O2", "amp.custom_black_list=[exp]",
+                         "doctor.eval_batches=1", "doctor.check_fixes=false")
     assert res.returncode in (0, 1), res.stderr[-2000:]
     assert data["verdict"] != "will fail" and not any(f.get("op") == "exp" for f in data["findings"])
     assert any(data["check"]["stepped"])
@@ -190,7 +206,8 @@ def test_db_tiny_with_exp_black_listed_has_no_exp_finding(tmp_path):
 
 
 def test_ppyoloe_tiny_o2_reports_the_stored_gradient_flush(tmp_path):
-    _, data, _ = _tool(tmp_path, "model=ppyoloe_tiny", "amp=O2", "amp.master_grad=false")
+    _, data, _ = _tool(tmp_path, "model=ppyoloe_tiny", "amp=O2", "amp.master_grad=false", "doctor.eval_batches=1",
+                       "doctor.check_fixes=false")
     assert data["flush"]["stored_low_params"] > 0
     flush = [f for f in data["findings"] if "flush" in f["what"]]
     assert flush and flush[0]["fix"] == "amp.master_grad=true"
@@ -198,7 +215,8 @@ def test_ppyoloe_tiny_o2_reports_the_stored_gradient_flush(tmp_path):
 
 
 def test_ppyoloe_tiny_o2_master_grad_has_no_flush(tmp_path):
-    _, data, _ = _tool(tmp_path, "model=ppyoloe_tiny", "amp=O2", "amp.master_grad=true")
+    _, data, _ = _tool(tmp_path, "model=ppyoloe_tiny", "amp=O2", "amp.master_grad=true", "doctor.eval_batches=1",
+                       "doctor.check_fixes=false")
     assert not data["flush"] and not any("flush" in f["what"] for f in data["findings"])
 
 
@@ -213,3 +231,15 @@ def test_resnet_tiny_o1_is_clean(tmp_path):
 def test_bad_input_exits_2_naming_the_key(tmp_path, args, key):
     res = run_tool(["tools/amp_doctor.py", "model=resnet_tiny", *args, f"doctor.out={tmp_path}"], ROOT)
     assert res.returncode == 2 and f"error: {key}" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("arg", ["doctor.eval_batches=-1", "doctor.eval_batches=some", "doctor.check_fixes=maybe",
+                                 "doctor.check=2"])
+def test_bad_doctor_settings_fail_before_anything_runs_naming_the_key(arg):
+    from conftest import compose
+
+    from zoo.diagnostics.doctor import examine
+    from zoo.engine.run import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{arg.split('=')[0]}: expected"):
+        examine(compose(["model=resnet_tiny", "amp=O1", arg], "doctor"))

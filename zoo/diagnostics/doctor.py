@@ -18,6 +18,9 @@ import numpy as np
 from zoo.amp import emulation as emu
 from zoo.amp.capability import DeviceInfo
 from zoo.diagnostics.numerics import FORMATS, Stats, cosine, relative_error
+from zoo.diagnostics.eval_findings import eval_batch_count, examine_eval
+from zoo.diagnostics.fix_check import check_fixes, reuses_measurement, with_overrides
+from zoo.diagnostics.findings import SEVERITY, verdict
 from zoo.diagnostics.prescribe import diagnose
 from zoo.diagnostics.probe import Probe, param_grads, sample, train_batches
 from zoo.engine.run import ConfigError, build, build_amp, build_optimizer, seed_everything, validate
@@ -149,7 +152,23 @@ def compare(ref: Run, got: Run) -> dict:
             lost += weight * int(((r != 0) & (g == 0)).sum())
             total += weight * int((r != 0).sum())
     return {"ops": rows, "params": params,
-            "lost_nonzero_param_grads": lost / total if total else None}
+            "lost_nonzero_param_grads": lost / total if total else None,
+            "update_rel_err": update_error(ref, got) if first_stepped else None}
+
+
+def update_error(ref: Run, got: Run) -> float | None:
+    """Step 1's whole parameter gradient (the update's direction), emulated against FP32:
+    ||g - r|| / ||r|| over every parameter, each sample standing for its tensor. A parameter whose
+    FP32 gradient is ~0 weighs ~0 here, however far off its own relative error is."""
+    diff = norm = 0.0
+    for name, r in ref.first_params.items():
+        g = got.first_params.get(name)
+        if g is None or g.shape != r.shape or not np.isfinite(g).all():
+            return None
+        weight = ref.sizes[name] / r.size
+        diff += weight * float(((g.astype(np.float64) - r) ** 2).sum())
+        norm += weight * float((r.astype(np.float64) ** 2).sum())
+    return float(np.sqrt(diff / norm)) if norm > 0 else None
 
 
 def _fresh(cfg, n_batches: int):
@@ -162,6 +181,17 @@ def _fresh(cfg, n_batches: int):
     return model, task, optimizer
 
 
+def _judge(cfg, batches, measured, steps: int, run_check: bool):
+    """``judge(overrides)``: the findings of the training steps with ``overrides`` applied, the FP32
+    measurement reused when only the loss scaler changes, the emulated steps re-run."""
+    def judge(over: dict) -> list[dict]:
+        c = with_overrides(cfg, over)
+        fresh = measured if reuses_measurement(over) else measure(*_fresh(c, steps), batches, build_amp(c))
+        emulated = check(*_fresh(c, steps), batches, build_amp(c)) if run_check else None
+        return diagnose(fresh, emulated, build_amp(c))["findings"]
+    return judge
+
+
 def examine(cfg) -> dict:
     """Measure, predict, check: everything ``tools/amp_doctor.py`` writes, as one dict."""
 
@@ -170,6 +200,10 @@ def examine(cfg) -> dict:
     steps = doc.get("steps", 3)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"doctor.steps: expected a positive integer, got {steps!r}")
+    eval_batch_count(doc)   # a bad doctor.eval_batches fails before anything runs
+    for key in ("check", "check_fixes"):
+        if not isinstance(doc.get(key, True), bool):
+            raise ConfigError(f"doctor.{key}: expected true or false, got {doc.get(key)!r}")
     amp = build_amp(cfg)
     if not amp.enabled:
         raise ConfigError(f"amp: {cfg.amp.name} computes in FP32, nothing to predict; pick O1, O2, "
@@ -184,11 +218,21 @@ def examine(cfg) -> dict:
     if doc.get("check", True):
         emulated = check(*_fresh(cfg, steps), batches, build_amp(cfg))
     result = diagnose(measured, emulated, amp)
+    n_eval = eval_batch_count(doc)
+    if n_eval != 0:   # what runs in evaluation: the eval-mode forward on validation images
+        probed = examine_eval(cfg, amp, measured, n_eval)
+        result["findings"] = sorted(result["findings"] + probed["findings"], key=lambda f: -SEVERITY[f["severity"]])
+        result["verdict"] = verdict(result["findings"])
+        result["eval"], result["eval_records"] = probed["info"], probed["records"]
+    t1 = time.time()
+    if doc.get("check_fixes", True):   # no prescription its own judgement calls worse
+        check_fixes(result["findings"], _judge(cfg, batches, measured, steps, bool(doc.get("check", True))))
     result.update(model=cfg.model.name, amp=cfg.amp.name, level=amp.level, dtype=amp.dtype,
                   black_list=list(amp.black), white_list=list(amp.white), master_grad=amp.master_grad,
                   steps=steps, batch_size=int(cfg.model.batch_size), data=cfg.data.name,
                   seconds={"measure": measured.seconds, "check": emulated.seconds if emulated else None,
-                           "total": time.time() - t0})
+                           "eval": result["eval"]["seconds"]["total"] if "eval" in result else None,
+                           "fix_checks": time.time() - t1, "total": time.time() - t0})
     result["measured"], result["emulated"] = measured, emulated
     result["comparison"] = compare(measured, emulated) if emulated else None
     return result

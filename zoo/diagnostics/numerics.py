@@ -1,10 +1,11 @@
 """Where values sit against a low-precision format: limits, exponent histograms, loss-scale windows.
 
 A tensor is summarised by a histogram of the binary exponents of its nonzero magnitudes
-(``|x| = m * 2**e`` with ``m`` in [0.5, 1), NumPy's ``frexp``) plus its max and counts. For a loss
-scale that is a power of two that histogram answers exactly how many entries end up above the
-format's max, below its smallest normal or below half its smallest subnormal (rounded to 0), so the
-prediction at any scale, and the window of scales, come from one measurement in FP32.
+(``|x| = m * 2**e`` with ``m`` in [0.5, 1), NumPy's ``frexp``), the sum of squares per exponent,
+plus its max and counts. For a loss scale that is a power of two that histogram answers exactly
+how many entries end up above the format's max, below its smallest normal or below half its
+smallest subnormal (rounded to 0), and how much of the L2 norm they carry, so the prediction at any
+scale, and the window of scales, come from one measurement in FP32.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Stats:
     max_abs: float = 0.0
     min_abs: float = math.inf               # smallest nonzero magnitude
     hist: np.ndarray = field(default_factory=lambda: np.zeros(BINS, np.int64))
+    sq: np.ndarray = field(default_factory=lambda: np.zeros(BINS, np.float64))   # sum of x^2 per bin
 
     def add(self, x: np.ndarray) -> "Stats":
         a = np.abs(np.asarray(x, dtype=np.float32).ravel())
@@ -62,7 +64,9 @@ class Stats:
             self.max_abs = max(self.max_abs, float(nz.max()))
             self.min_abs = min(self.min_abs, float(nz.min()))
             _, e = np.frexp(nz)
-            self.hist += np.bincount(np.clip(e + OFFSET, 0, BINS - 1), minlength=BINS)
+            bins = np.clip(e + OFFSET, 0, BINS - 1)
+            self.hist += np.bincount(bins, minlength=BINS)
+            self.sq += np.bincount(bins, weights=np.square(nz, dtype=np.float64), minlength=BINS)
         return self
 
     def merge(self, other: "Stats") -> "Stats":
@@ -72,6 +76,7 @@ class Stats:
         self.max_abs = max(self.max_abs, other.max_abs)
         self.min_abs = min(self.min_abs, other.min_abs)
         self.hist += other.hist
+        self.sq += other.sq
         return self
 
     @property
@@ -95,6 +100,17 @@ class Stats:
         k = math.floor(math.log2(bound / scale))
         return float(w[: max(0, min(BINS, k + OFFSET + 1))].sum()) / total if total > 0 else 0.0
 
+    @property
+    def sumsq(self) -> float:
+        """Sum of squares of the finite entries (the squared L2 norm)."""
+        return float(self.sq.sum())
+
+    def sumsq_below(self, bound: float, scale: float = 1.0) -> float:
+        """Sum of squares (unscaled) of the nonzero entries with ``|x| * scale < bound`` (exact when
+        both are powers of two): the part of the squared L2 norm those entries carry."""
+        k = math.floor(math.log2(bound / scale))
+        return float(self.sq[: max(0, min(BINS, k + OFFSET + 1))].sum())
+
     def shares(self, fmt: Format, scale: float = 1.0) -> dict:
         """Shares of all entries above max, below smallest normal, rounded to 0 (at ``scale``)."""
         n = max(self.numel, 1)
@@ -116,10 +132,22 @@ class Stats:
                 **{k: round(v, 6) for k, v in self.shares(fmt, scale).items()}}
 
 
-def loss_scale_window(stats: list[Stats], fmt: Format, tolerance: float = 0.01) -> tuple[float, float]:
+def signal_lost(stats: list[Stats], bound: float, scale: float = 1.0, reference: float | None = None) -> float:
+    """Share of the gradient's L2 norm in the entries with ``|x| * scale < bound``:
+    ``sqrt(sum of their squares / reference)``, ``reference`` being the squared L2 norm of the whole
+    gradient (default: of ``stats`` together). Tiny entries of a tensor whose gradient is ~0
+    anyway lose next to nothing, however many of them there are."""
+    ref = sum(s.sumsq for s in stats) if reference is None else reference
+    lost = sum(s.sumsq_below(bound, scale) for s in stats)
+    return math.sqrt(lost / ref) if ref > 0 else 0.0
+
+
+def loss_scale_window(stats: list[Stats], fmt: Format, tolerance: float = 0.01,
+                      reference: float | None = None) -> tuple[float, float]:
     """Powers of two ``(low, high)``: ``high`` keeps the largest scaled gradient finite; ``low`` is the
-    smallest scale at which the tensors keep on average at most ``tolerance`` of their gradient mass
-    (L1) below the smallest normal (tiny entries next to large ones carry little of the update).
+    smallest scale at which at most ``tolerance`` of the gradient's L2 norm (:func:`signal_lost`,
+    against ``reference``) sits below the smallest normal (tiny entries next to large ones, or in a
+    tensor whose gradient is ~0, carry little of the update).
 
     ``low > high`` means no scale does both (the gradients span more than the format's range).
     """
@@ -129,8 +157,7 @@ def loss_scale_window(stats: list[Stats], fmt: Format, tolerance: float = 0.01) 
     top = max(s.max_abs for s in stats)
     high = 2.0 ** math.floor(math.log2(fmt.max / top))
     low = next((2.0 ** k for k in range(-40, 100)
-                if sum(s.mass_below(fmt.min_normal, 2.0 ** k) for s in stats) <= tolerance * len(stats)),
-               2.0 ** 100)
+                if signal_lost(stats, fmt.min_normal, 2.0 ** k, reference) <= tolerance), 2.0 ** 100)
     return low, high
 
 

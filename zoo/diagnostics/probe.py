@@ -76,7 +76,8 @@ class OpRecord:
     out: Stats = field(default_factory=Stats)
     grad: Stats = field(default_factory=Stats)   # gradient flowing back into the output (unscaled)
     reduction_error: float = 0.0
-    inputs_overflowed: int = 0                   # calls whose low input already held |x| > format max                 # bf16 reductions: relative error of the result
+    inputs_overflowed: int = 0                   # calls whose low input already held |x| > format max
+    own_overflows: int = 0                       # calls whose low output overflowed from clean inputs (a cause)
     first_out: np.ndarray | None = None
     first_grad: np.ndarray | None = None
 
@@ -157,21 +158,23 @@ class Probe:
             rec = self.records[key] = OpRecord(key, name, layer, kind, self.emulation.mode(name))
         t = floats[0]
         rec.calls += 1
-        if any(getattr(a, _OVER, False) for a in emu._float_tensors(args)):
-            rec.inputs_overflowed += 1
+        fed_overflow = any(getattr(a, _OVER, False) for a in emu._float_tensors(args))
+        rec.inputs_overflowed += int(fed_overflow)
         rec.low_calls += int(emu.is_low(t))
         if self.observer is not None:
             self.observer(rec, args, kwargs, out)
         if not self.numerics:
             return out
-        if emu.is_low(t):  # its backward casts the gradient of every input to the format
-            self.low_inputs.update(self._param_names[id(a)] for a in emu._float_tensors(args)
-                                   if id(a) in self._param_names)
+        if emu.is_low(t):  # its backward casts the gradient of every input to the format, but a
+            # norm's scale and bias stay fp32 beside low x (cuDNN's batch norm), and so do their gradients
+            inputs = emu._float_tensors(args[:1] if name in emu.X_ONLY_NORMS else args)
+            self.low_inputs.update(self._param_names[id(a)] for a in inputs if id(a) in self._param_names)
         value = t.numpy()
         this = Stats().add(value)
         rec.out.merge(this)
         if emu.is_low(t) and (this.nonfinite or this.max_abs > self.limit):
             setattr(t, _OVER, True)
+            rec.own_overflows += int(not fed_overflow)
         if self.step == 0 and rec.first_out is None:
             rec.first_out = sample(value)
         if name in REDUCTIONS and emu.is_low(t) and self.dtype == "bfloat16" and args:
