@@ -226,10 +226,16 @@ def test_db_tiny_planted_eval_overflow_in_the_binarize_conv_is_named(tmp_path):
     planted = tmp_path / "planted.pdparams"
     paddle.save(model.state_dict(), str(planted))
 
-    found = examine(compose([*PLANT, f"model.net.pretrained={planted}"], "doctor"))
+    # the user's setting trainer.eval_precision=both: the fp16 evaluation is the run's metric
+    found = examine(compose([*PLANT, f"model.net.pretrained={planted}", "trainer.eval_precision=both"], "doctor"))
     ev = [f for f in found["findings"] if f.get("mode") == "eval" and "head.binarize.conv1:conv2d" in f["layers"]]
-    assert ev and found["verdict"] != "OK" and ev[0]["nonfinite_images"] > 0
+    assert ev and found["verdict"] != "OK" and ev[0]["nonfinite_images"] > 0 and ev[0]["severity"] != "note"
     assert ev[0]["fix_checks"][EVAL_FP32]["prevents"] and ev[0]["fix"] == EVAL_FP32
+    # DB's recipe already evaluates the metric in FP32: the overflow is named, as a note, nothing prescribed
+    recipe = examine(compose([*PLANT, f"model.net.pretrained={planted}"], "doctor"))
+    ev = [f for f in recipe["findings"] if f.get("mode") == "eval" and "head.binarize.conv1:conv2d" in f["layers"]]
+    assert ev and ev[0]["severity"] == "note" and ev[0]["fix"] == f"none needed: {EVAL_FP32} is set"
+    assert "This config already has trainer.eval_precision=fp32" in ev[0]["why"]
     clean = examine(compose([*PLANT, f"model.net.pretrained={plain}"], "doctor"))
     assert not [f for f in clean["findings"] if f.get("mode") == "eval"] and clean["eval"]["nonfinite_images"] == []
 

@@ -78,7 +78,7 @@ def _train_max(measured, keys) -> str:
     return f"; the training steps (train mode, batch statistics) reach {max(got):.3g} there" if got else ""
 
 
-def _finding(op, recs, amp, fmt, bad, probed, checks, measured, covered) -> dict:
+def _finding(op, recs, amp, fmt, bad, probed, checks, measured, covered, eval_precision="both") -> dict:
     share = sum(r.above for r in recs) / max(1, sum(r.numel for r in recs))
     names = ", ".join(f"{r.key} ({r.layer_type})" for r in recs[:3]) + (
         f" and {len(recs) - 3} more" if len(recs) > 3 else "")
@@ -88,14 +88,22 @@ def _finding(op, recs, amp, fmt, bad, probed, checks, measured, covered) -> dict
     ok = [line for line, c in checks.items() if c["prevents"]]
     fix = ok[0] if ok else "none prevents it among " + ", ".join(checks)
     note = (" (trainer.eval_precision=fp32: the final evaluation, the run's metric, in FP32; periodic "
-            "evaluations, trainer.eval_every, stay in the training precision)" if EVAL_FP32 in ok else "")
+            "evaluations, trainer.eval_every, stay in the training precision)"
+            if EVAL_FP32 in ok and eval_precision != "fp32" else "")
     note += "".join(f". {line} also keeps them finite (emulated on the flagged images); it runs every {op} in "
                     "fp32, in training too" for line in ok[1:] if line != EVAL_FP32)
     why = (f"in the eval-mode forward ({covered}): max |{op}| = {recs[0].max_abs:.3g} > {fmt.max:g} "
            f"({share:.2%} of its outputs), computed in {fmt.name} ({recs[0].mode}-list op at {amp.level})"
-           f"{_train_max(measured, [r.key for r in recs])}; {cost}. An {fmt.name} deployment of these "
-           f"weights overflows there too{note}")
-    return {"severity": "will fail" if bad and len(bad) == probed else "risky", "mode": "eval",
+           f"{_train_max(measured, [r.key for r in recs])}; {cost}. A deployment that folds BatchNorm into "
+           f"the convolutions (Paddle Inference) computes other values there: `tools/export.py "
+           f"export.precision={fmt.name}` checks that form{note}")
+    severity = "will fail" if bad and len(bad) == probed else "risky"
+    if eval_precision == "fp32":  # already the recipe's (or the user's) setting: the metric is FP32's
+        severity, fix = "note", f"none needed: {EVAL_FP32} is set"
+        why += (f". This config already has {EVAL_FP32}: the run's metric is the FP32 evaluation, and "
+                f"the {fmt.name} evaluation recorded beside it (summary.json primary_metric_train_precision_eval, "
+                "eval_numerics) and any periodic evaluation (trainer.eval_every) meet these values")
+    return {"severity": severity, "mode": "eval",
             "kind": f"eval overflow {op}", "what": f"{op} overflows {fmt.name} in the eval-mode forward: {names}",
             "why": why, "fix": fix, "candidates": ok[1:], "op": op, "layers": [r.key for r in recs],
             "max_abs": recs[0].max_abs, "nonfinite_images": len(bad), "images": probed, "fix_checks": checks}
@@ -112,7 +120,7 @@ def _unlocated(bad, probed, fp32, covered) -> dict:
             "fix_checks": {EVAL_FP32: _fp32_check(fp32)}}
 
 
-def probe_findings(model, task, batches, val_set, amp, measured, covered: str) -> dict:
+def probe_findings(model, task, batches, val_set, amp, measured, covered: str, eval_precision: str = "both") -> dict:
     """Passes 1-3 over ``batches`` (a model in any state; it is left in eval mode): findings with
     their fixes checked, what was seen (doctor.json) and the op records of the FP32 pass."""
     t0, fmt = time.time(), FORMATS[amp.dtype]
@@ -131,7 +139,7 @@ def probe_findings(model, task, batches, val_set, amp, measured, covered: str) -
         line = black_list_line(amp, op)
         checks[line] = _check_black(amp, model, task, val_set, batches, sorted({*bad, *fp32.flagged}), op, fmt)
         seconds[f"check {line}"] = checks[line].pop("seconds")
-        findings.append(_finding(op, recs, amp, fmt, bad, probed, checks, measured, covered))
+        findings.append(_finding(op, recs, amp, fmt, bad, probed, checks, measured, covered, eval_precision))
     if bad and not roots:
         findings.append(_unlocated(bad, probed, fp32, covered))
     if fp32.nonfinite:   # the weights themselves, whatever the precision
@@ -156,7 +164,8 @@ def examine_eval(cfg, amp, measured, n_batches: int | None) -> dict:
     size = "x".join(str(d) for d in batches[0]["image"].shape[2:]) if batches else "-"
     covered = (f"{probed} of {len(val_set)} validation images, {len(batches)} batches of "
                f"{int(cfg.model.eval_batch_size)} at {size} px")
-    out = probe_findings(model, task, batches, val_set, amp, measured, covered)
+    out = probe_findings(model, task, batches, val_set, amp, measured, covered,
+                         str(cfg.trainer.get("eval_precision", "both")))
     out["info"].update(split=len(val_set), batches=len(batches))
     out["info"]["seconds"]["total"] = time.time() - t0   # data and weights loading included
     return out
