@@ -316,16 +316,80 @@ def test_parity_ppyoloe_s_ft_is_the_quick_run_fine_tuned_from_one_base():
         OmegaConf.to_container(compose(["experiment=parity_ppyoloe_s_ft"]), resolve=True, throw_on_missing=True)
 
 
-@pytest.mark.parametrize("tiny, family", [("db_det_tiny", "db_det"), ("db_det_r18", "db_det"),
-                                          ("ppyoloe_tiny", "ppyoloe_s")])
+def _family_of(model: str) -> str:
+    return compose([f"model={model}"]).family.name
+
+
 @pytest.mark.parametrize("amp", ["fp32", "O1", "O2", "bf16_O1", "bf16_O2"])
-def test_small_models_inherit_their_family_recipe(tiny, family, amp):
-    """issue 29.4: db_det_tiny amp=O2 without db_det's exp black-list skipped every step."""
-    own, fam = compose([f"model={tiny}", f"amp={amp}"]).amp, compose([f"model={family}", f"amp={amp}"]).amp
-    assert list(own.custom_black_list) == list(fam.custom_black_list)
-    assert own.init_loss_scaling == fam.init_loss_scaling
-    if family == "db_det" and amp != "fp32":
-        assert "exp" in own.custom_black_list
+def test_every_model_of_a_family_gets_the_family_recipe(amp):
+    """issue 29.4 (db_det_tiny amp=O2 without db_det's exp black-list skipped every step) and issue 34:
+    what a precision needs is keyed by the family each model config selects, so no model can miss it."""
+    by_family: dict = {}
+    for model in options("model"):
+        cfg = compose([f"model={model}", f"amp={amp}"])
+        assert cfg.family.name in options("family"), model
+        got = (tuple(sorted(cfg.amp.custom_black_list)), cfg.amp.init_loss_scaling, cfg.amp.master_weight,
+               cfg.trainer.eval_precision)
+        by_family.setdefault(cfg.family.name, {})[model] = got
+    for family, models in by_family.items():
+        assert len(set(models.values())) == 1, (family, models)
+    if amp != "fp32":
+        assert all("exp" in v[0] for v in by_family["db"].values())
+        assert all("reduce_mean" in v[0] for v in by_family["ppyoloe"].values())
+    assert set(by_family) == set(options("family"))
+
+
+def test_recipes_are_keyed_by_family_and_none_is_a_forward():
+    """About 15 recipe files, each with settings of its own (a file that only includes another is
+    what the family replaced), in folders named after families."""
+    files = sorted((GROUPS / "recipe").glob("*/*.yaml"))
+    assert {f.parent.name for f in files} <= set(options("family"))
+    for f in files:
+        body = OmegaConf.load(f)
+        assert set(body) - {"defaults"}, f"{f}: only includes another recipe"
+    assert not (GROUPS / "model_recipe").exists() or all(
+        f.parent.name in options("model") for f in (GROUPS / "model_recipe").glob("*/*.yaml"))
+
+
+def test_resnet101_gets_the_resnet_recipe_and_resnet18_keeps_paddles_defaults():
+    """resnet101 named recipe folders that did not exist, so it trained with none (issue 34)."""
+    for model in ("resnet101", "resnet101_vd", "resnet50_vd"):
+        cfg = compose([f"model={model}", "amp=O2"])
+        assert (cfg.family.name, cfg.model.batch_size, cfg.amp.init_loss_scaling) == ("resnet", 256, 128.0)
+        assert cfg.optim.optimizer.multi_precision and cfg.amp.master_weight
+    small = compose(["model=resnet18", "amp=O2"])
+    assert (small.family.name, small.model.batch_size, small.amp.init_loss_scaling) == ("resnet_small", 64, 65536.0)
+
+
+def test_a_model_may_add_its_own_delta_on_top_of_its_family_recipe(tmp_path):
+    """configs/model_recipe/<model>/<amp>.yaml, after the family's recipe, before the command line."""
+    import shutil
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    shutil.copytree(GROUPS, tmp_path / "configs")
+    delta = tmp_path / "configs" / "model_recipe" / "db_det_tiny" / "O1.yaml"
+    delta.parent.mkdir(parents=True)
+    delta.write_text("# @package _global_\namp:\n  init_loss_scaling: 512.0\n")
+    with initialize_config_dir(config_dir=str(tmp_path / "configs"), version_base="1.3"):
+        own = hydra_compose("train", overrides=["model=db_det_tiny", "amp=O1"])
+        other = hydra_compose("train", overrides=["model=db_det", "amp=O1"])
+        cli = hydra_compose("train", overrides=["model=db_det_tiny", "amp=O1", "amp.init_loss_scaling=8"])
+    assert own.amp.init_loss_scaling == 512.0 and "exp" in own.amp.custom_black_list  # on top of the family's
+    assert other.amp.init_loss_scaling == 65536.0 and cli.amp.init_loss_scaling == 8
+
+
+def test_a_model_config_without_a_family_is_one_error_line(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT, tmp_path / "repo", ignore=shutil.ignore_patterns(".git", "outputs", "multirun", "*.pyc"))
+    (tmp_path / "repo" / "configs" / "model" / "nofamily.yaml").write_text(
+        "# @package _global_\nmodel:\n  name: nofamily\n")
+    out = run_tool(["tools/train.py", "model=nofamily", "--cfg", "job"], tmp_path / "repo")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert out.stderr.startswith("error: family: the model's config selects no family; add '- override /family: <name>'")
+    assert "families: db, ppyoloe, resnet, resnet_small" in out.stderr
 
 
 def test_ppyoloe_s_quick_run_is_the_schedule_measured_in_model_cards():
@@ -372,7 +436,8 @@ def test_every_recipe_validates_and_its_op_lists_name_known_ops(recipe):
     from zoo.amp.emulation import known_op_names
     from zoo.engine.run import validate
 
-    model, amp = recipe.split("/")
+    family, amp = recipe.split("/")
+    model = next(m for m in options("model") if _family_of(m) == family)
     cfg = compose([f"model={model}", f"amp={amp}"])
     validate(cfg)
     built = instantiate(cfg.amp)  # refuses an op name neither Paddle's AMP lists nor its registry know

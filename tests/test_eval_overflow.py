@@ -124,7 +124,7 @@ def plant_eval_only_overflow(model, images, path) -> None:
 def test_short_readme_run_reports_its_nonfinite_images(tmp_path, capsys):
     """The README's command, shortened, from weights whose eval-mode forward overflows fp16 where
     training does not: the console and summary.json name the non-finite images of the fp16
-    evaluation; the metric is the FP32 evaluation's (recipe/db_det/O1.yaml) and says so."""
+    evaluation; the metric is the FP32 evaluation's (recipe/db/O1.yaml) and says so."""
     paddle.seed(3)
     path = tmp_path / "eval_overflow.pdparams"
     plant_eval_only_overflow(zoo.create_model("db_det"), _images(size=256), path)

@@ -79,7 +79,7 @@ def test_the_listed_config_names_are_exactly_the_config_files():
             rest = rest.split(")", 1)[1] if ")" in rest and "(" not in rest.split(")")[0] else rest
             words = rest.split("(")[0]  # a comment in brackets, possibly over two lines
             listed.setdefault(group, set()).update(w for w in words.split() if re.fullmatch(r"[\w]+", w))
-    assert set(listed) == {"model", "data", "amp", "optim", "sched", "trainer", "experiment"}
+    assert set(listed) == {"family", "model", "data", "amp", "optim", "sched", "trainer", "experiment"}
     for group, names in listed.items():
         assert names == _configs(group), f"configs/{group}: listed {sorted(names)}, files {sorted(_configs(group))}"
 

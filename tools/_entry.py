@@ -73,6 +73,11 @@ def hydra_error_line(err: BaseException) -> str | None:
     if not isinstance(err, ConfigCompositionException):
         return None
     text = str(err)
+    if text.startswith("You must specify 'family'"):  # a model config that selects no family
+        choices = text.split("Available options:")[-1].split() if "Available options:" in text else []
+        return ("family: the model's config selects no family; add '- override /family: <name>' at the end "
+                "of the defaults list of configs/model/<model>.yaml (families: "
+                f"{', '.join(choices) or 'configs/family/'}; docs/architecture.md, where to add a model)")
     unknown = re.match(r"Could not override '([^']+)'\.\s*To append to your config use \+(\S+)", text)
     cause = err.__cause__
     if unknown and cause is not None and getattr(cause, "full_key", None):

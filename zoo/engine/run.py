@@ -452,7 +452,7 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
             f"every one of the {trainer.step} steps was skipped (inf/NaN gradients at each step, "
             f"loss scale now {amp.loss_scale:g}): the weights were never updated and the metric is "
             f"the initial weights'; summary.json says all_steps_skipped: true. Use the model's "
-            f"recipe (recipe/<model>/<amp>.yaml), a lower amp.init_loss_scaling, or run "
+            f"family recipe (recipe/<family>/<amp>.yaml), a lower amp.init_loss_scaling, or run "
             f"tools/amp_doctor.py to find the op that overflows")
     if not summary["ranks_in_sync"]:
         raise RuntimeError(f"ranks ended with different parameters: {digests}")
