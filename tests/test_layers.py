@@ -146,6 +146,48 @@ def test_every_package_has_a_layer():
     assert packages == set(RANK) - {""}, f"packages without a layer: {sorted(packages - set(RANK))}"
 
 
+# The folders above the package: tools/ is the top layer (entry points), configs/ is theirs to read.
+# A module of zoo/ that builds a path into them is an upward dependency no import shows (issue 34.5:
+# engine/sweep.py ran tools/train.py by path, report/parity.py read configs/report.yaml by path).
+ABOVE = ("tools", "configs")
+
+
+def _mentions(node, names) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
+def reaches_by_path(path: Path) -> list[str]:
+    """``path:line`` of every ``<a path from __file__> / "tools"`` (or ``"configs/..."``) in a module:
+    a path built from the module's own location (directly, or through a name assigned from it) that
+    goes on into tools/ or configs/. Other paths (a PaddleOCR source tree's tools/) are not the zoo's."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    located = {"__file__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _mentions(node.value, {"__file__"}):
+            located |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant) \
+                and isinstance(node.right.value, str) and node.right.value.split("/")[0] in ABOVE \
+                and _mentions(node.left, located):
+            found.append((node.lineno, f"{path.name}:{node.lineno}: / {node.right.value!r}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_module_reaches_tools_or_configs_by_path(zoo_graph):
+    _, paths = zoo_graph
+    bad = [hit for p in paths.values() for hit in reaches_by_path(p)]
+    assert not bad, "paths into tools/ or configs/ built inside zoo/ (pass them in from tools/):\n" + "\n".join(bad)
+
+
+def test_the_path_check_catches_a_reach(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("from pathlib import Path\nROOT = Path(__file__).resolve().parents[2]\n"
+                   "T = ROOT / 'tools' / 'train.py'\nC = Path(__file__).parent.parent / 'configs/report.yaml'\n"
+                   "ok = Path('/src/PaddleOCR') / 'tools' / 'train.py'\nok2 = ROOT / 'tooling'\n")
+    assert reaches_by_path(mod) == ["m.py:3: / 'tools'", "m.py:4: / 'configs/report.yaml'"]
+
+
 def test_the_allow_list_says_why():
     assert all(reason.strip() for reason in ALLOWED.values())
 

@@ -112,7 +112,7 @@ def test_step_times_from_both_logs():
 def test_zoo_command_is_the_issue_command_on_the_same_images():
     from zoo.bench import paddleocr_train as tb
 
-    cmd = tb.zoo_command(["model.batch_size=4"], 16, 64, Path("/r"))
+    cmd = tb.zoo_command(ROOT / "tools" / "train.py", ["model.batch_size=4"], 16, 64, Path("/r"))
     assert cmd[1].endswith("tools/train.py") and cmd[2:6] == ["model=db_det", "amp=fp32", "trainer.final_eval=false",
                                                                "trainer.max_steps=16"]
     assert "data.builder.num_train=64" in cmd and cmd[-2:] == ["model.batch_size=4", "hydra.run.dir=/r"]

@@ -107,7 +107,8 @@ def train_against_benchmark(args) -> dict:
     from zoo.bench import pipeline as pipeline_bench
 
     work = args.work or Path(tempfile.mkdtemp(prefix="ampzoo_pocr_train_"))
-    return paddleocr_train_bench.run(_entry.CONFIG_DIR, Path(args.train_against[1]), pipeline_bench.default_python(),
+    return paddleocr_train_bench.run(_entry.CONFIG_DIR, Path(__file__).resolve().parent / "train.py",
+                                     Path(args.train_against[1]), pipeline_bench.default_python(),
                                      work, args.overrides, args.steps, args.warmup, args.repeats)
 
 

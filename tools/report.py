@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import _entry  # puts the repo on sys.path; shared error reporting
+
+MARGINS = Path(_entry.CONFIG_DIR) / "report.yaml"  # the equivalence margins per metric
 
 
 def main(argv=None) -> int:
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
     if bool(args.model_cards) != bool(args.section):
         parser.error("--model-cards and --section go together")
     try:
-        code, md = make_report(args.inputs, args.out, args.delta, args.alpha, args.allow_mixed)
+        code, md = make_report(args.inputs, MARGINS, args.out, args.delta, args.alpha, args.allow_mixed)
         if args.model_cards:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
             out = report_dir(args.inputs, args.out)

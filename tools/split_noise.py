@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     from zoo.report.split_noise import lines, split_noise
 
     try:
-        entries = split_noise(args.inputs, args.resamples, delta=args.delta,
+        entries = split_noise(args.inputs, Path(_entry.CONFIG_DIR) / "report.yaml", args.resamples, delta=args.delta,
                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         if not entries:
             raise ReportInputError("no AMP-vs-FP32 comparison with two or more paired seeds in "

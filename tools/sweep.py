@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from pathlib import Path
 
 import _entry  # noqa: F401  (puts the repo on sys.path)
 
@@ -33,7 +34,8 @@ def main(argv=None) -> int:
 
     folder = args.dir or f"multirun/{dt.datetime.now():%Y-%m-%d_%H-%M-%S}"
     try:
-        return run_sweep(args.overrides, folder, args.jobs, args.threads, args.dry_run)
+        return run_sweep(Path(__file__).resolve().parent / "train.py", args.overrides, folder, args.jobs,
+                         args.threads, args.dry_run)
     except SweepError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

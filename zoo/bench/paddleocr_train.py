@@ -41,7 +41,7 @@ __all__ = ["LAUNCHER", "compose_zoo", "parse_paddleocr_log", "paddleocr_version_
            "write_simple_dataset", "zoo_step_times", "zoo_command"]
 
 LAUNCHER = Path(__file__).with_name("_paddleocr_train_launcher.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # where the zoo package is importable from (PYTHONPATH, cwd)
 UPSTREAM_CONFIG = Path("configs") / "det" / "det_mv3_db.yml"
 _STEP_LINE = re.compile(r"global_step: (\d+),.*?avg_batch_cost: ([0-9.]+) s")
 _PARSE_ERROR = "When parsing line"
@@ -121,9 +121,10 @@ def images_per_s(step_s: dict, steps: int, warmup: int, batch: int) -> float:
     return (steps - warmup) * batch / sum(step_s[k] for k in range(warmup + 1, steps + 1))
 
 
-def zoo_command(overrides: list[str], steps: int, num_train: int, run_dir: Path) -> list[str]:
-    """The zoo's side: ``tools/train.py model=db_det amp=fp32 trainer.final_eval=false ...``."""
-    return [sys.executable, str(ROOT / "tools" / "train.py"), "model=db_det", "amp=fp32",
+def zoo_command(train: Path, overrides: list[str], steps: int, num_train: int, run_dir: Path) -> list[str]:
+    """The zoo's side: ``<train> model=db_det amp=fp32 trainer.final_eval=false ...``, ``train`` being
+    tools/train.py (tools/benchmark.py names it: this package does not reach into tools/ by path)."""
+    return [sys.executable, str(train), "model=db_det", "amp=fp32",
             "trainer.final_eval=false", f"trainer.max_steps={steps}", "trainer.log_every=1",
             "trainer.progress=false", f"data.builder.num_train={num_train}", "data.builder.num_val=1",
             *overrides, f"hydra.run.dir={run_dir}"]
@@ -160,12 +161,12 @@ def compose_zoo(config_dir: str, overrides: list[str], steps: int):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        first = compose(config_name="train", overrides=zoo_command(overrides, steps, 1, Path("x"))[2:-1])
+        first = compose(config_name="train", overrides=zoo_command(Path("train.py"), overrides, steps, 1, Path("x"))[2:-1])
         n = steps * int(first.model.batch_size)
-        return compose(config_name="train", overrides=zoo_command(overrides, steps, n, Path("x"))[2:-1])
+        return compose(config_name="train", overrides=zoo_command(Path("train.py"), overrides, steps, n, Path("x"))[2:-1])
 
 
-def run(config_dir: str, source: Path, python: str, work: Path, overrides: list[str], steps: int, warmup: int,
+def run(config_dir: str, train: Path, source: Path, python: str, work: Path, overrides: list[str], steps: int, warmup: int,
         repeats: int) -> dict:
     """Prepare both sides, alternate them ``repeats`` times each, print and return the figures.
     ``overrides`` go to the zoo's command (after its own, so they win) and, through the composed
@@ -191,7 +192,7 @@ def run(config_dir: str, source: Path, python: str, work: Path, overrides: list[
     save_dir = work / "paddleocr_output"
     pcfg = work / "det_mv3_db_bench.yml"
     write_paddleocr_config(source, pcfg, data, crop, batch, steps, cfg.seed, save_dir)
-    commands = {"zoo": zoo_command(overrides, steps, n, work / "zoo_run"),
+    commands = {"zoo": zoo_command(train, overrides, steps, n, work / "zoo_run"),
                 "paddleocr": [python, str(LAUNCHER), str(source), str(pcfg)]}
     env = _env()
     print(f"db_det fp32 training, {steps} steps of batch {batch} ({crop} px crops), {n} synthetic_text images, "

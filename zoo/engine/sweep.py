@@ -25,7 +25,6 @@ from pathlib import Path
 
 from zoo.utils.runfolder import CKPT_DIR, LAST
 
-TRAIN = Path(__file__).resolve().parents[2] / "tools" / "train.py"
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # job folder names: a value's other characters become "_"
 
 
@@ -151,10 +150,10 @@ def _run_dir(folder: Path) -> str:
     return f"hydra.run.dir='{folder}'"  # quoted: Hydra's grammar would read '=' or brackets
 
 
-def _command(fixed: list[str], job: Job, sweep_dir: Path, state: str) -> list[str]:
+def _command(train: Path, fixed: list[str], job: Job, sweep_dir: Path, state: str) -> list[str]:
     """The job's train.py command line (a resumed job names its own folder as the checkpoint)."""
     folder = sweep_dir / job.name
-    cmd = [sys.executable, str(TRAIN), *fixed, *job.overrides(), _run_dir(folder), "trainer.progress=false"]
+    cmd = [sys.executable, str(train), *fixed, *job.overrides(), _run_dir(folder), "trainer.progress=false"]
     return cmd + [f"trainer.resume='{folder}'"] if state == "resume" else cmd
 
 
@@ -181,12 +180,14 @@ def _last_line(log: Path) -> str:
     return (lines or [""])[-1][:300]  # a traceback's last line
 
 
-def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, threads: int = 1,
+def run_sweep(train: Path, overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, threads: int = 1,
               dry_run: bool = False, out=sys.stdout, poll_s: float = 1.0) -> int:
     """Run the sweep; 0 when every job completed, 1 when some failed, 130 / 143 when stopped by
     Ctrl-C / SIGTERM (running jobs get SIGTERM, checkpoint and stop; the same call resumes).
     The closing lines name each failed job's log, then the report command, unless no job of the
-    sweep has completed (now or in an earlier call): then they say that nothing completed."""
+    sweep has completed (now or in an earlier call): then they say that nothing completed.
+    ``train`` is the training script each job runs (tools/sweep.py passes tools/train.py: the
+    engine does not reach into the repository by path)."""
     jobs, fixed = plan(overrides)
     if jobs_at_once < 1 or threads < 1:
         raise SweepError("--jobs and --threads must be at least 1")
@@ -208,7 +209,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
         f"{len(todo)} to run, {jobs_at_once} at a time, {threads} thread(s) each")
     if dry_run:
         for i, job, state in todo:
-            say(f"[{i}/{len(jobs)}] would run ({state}): {' '.join(_command(fixed, job, sweep_dir, state)[1:])}")
+            say(f"[{i}/{len(jobs)}] would run ({state}): {' '.join(_command(train, fixed, job, sweep_dir, state)[1:])}")
         return 0
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -225,7 +226,7 @@ def run_sweep(overrides: list[str], sweep_dir: Path, jobs_at_once: int = 2, thre
         while queue or running:
             while queue and len(running) < jobs_at_once:
                 i, job, state = queue.pop(0)
-                cmd = _command(fixed, job, sweep_dir, state)
+                cmd = _command(train, fixed, job, sweep_dir, state)
                 log = logs / f"{job.name}.log"
                 handle = open(log, "a")
                 proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env,

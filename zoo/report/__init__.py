@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zoo.report.parity import overall_ok, parity_table
+from zoo.report.parity import load_margins, overall_ok, parity_table
 from zoo.report.render import write_report
 from zoo.report.runs import ReportInputError, group_runs, load_runs, mixed_provenance
 from zoo.utils.checks import POSITIVE, check
@@ -23,7 +23,7 @@ def report_dir(inputs, out=None) -> Path:
     return Path(out) if out else (first.parent if first.is_file() else first) / "report"
 
 
-def make_report(inputs, out=None, delta=None, alpha=0.05, allow_mixed=False) -> tuple[int, str]:
+def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mixed=False) -> tuple[int, str]:
     """Build the report for ``inputs`` (run or multirun folders) and return (exit code, Markdown).
 
     Exit code 0: every AMP group is "equivalent"; 1: some is not, or no AMP group was left to judge.
@@ -43,7 +43,7 @@ def make_report(inputs, out=None, delta=None, alpha=0.05, allow_mixed=False) -> 
         raise ReportInputError("runs are not comparable: " + "; ".join(mixed)
                                + ". Compare runs of one revision, library versions, data set and config, "
                                "or pass --allow-mixed")
-    table = parity_table(groups, delta=delta, alpha=alpha)
+    table = parity_table(groups, load_margins(margins_file), delta=delta, alpha=alpha)
     ok = overall_ok(table)
     out = report_dir(inputs, out)
     if out.is_file():

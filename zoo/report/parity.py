@@ -16,7 +16,6 @@ from zoo.report.runs import ReportInputError, Run
 from zoo.report.stats import paired_t_test, paired_tost, tost, tost_sample_size, welch_t_test
 from zoo.utils.checks import COUNT_OR_ZERO, POSITIVE, check
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "report.yaml"
 FP32 = "fp32"
 POWER = 0.8  # for the seeds-needed line
 # summary.json "pairing" digests that must agree for two runs with one seed to count as a pair
@@ -37,14 +36,15 @@ def precision_order(precision: str) -> tuple:
     return (0, fmt != "fp16", int(level), emulated is not None, rest)
 
 
-def load_margins(path: Path = DEFAULT_CONFIG) -> dict:
-    """The delta table and the short-run rule of configs/report.yaml."""
+def load_margins(path: Path) -> dict:
+    """The delta table and the short-run rule of ``path`` (configs/report.yaml, which the tool
+    names: this package reads run folders and the files it is given, never the repository by path)."""
     try:
         cfg = yaml.safe_load(Path(path).read_text())
         margins = {"short_below_steps": check("short_below_steps", cfg["short_below_steps"], COUNT_OR_ZERO),
                    "deltas": {regime: {str(k).lower(): float(check(f"deltas.{regime}.{k}", v, POSITIVE))
                                        for k, v in table.items()}
-                              for regime, table in cfg["deltas"].items()}}
+                              for regime, table in cfg["deltas"].items()}, "source": str(path)}
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportInputError(f"{path}: unusable report config ({err})") from None
     return margins
@@ -57,7 +57,7 @@ def pick_delta(metric: str, steps: int, margins: dict, override: float | None) -
     regime = "short" if steps < margins["short_below_steps"] else "full"
     table = margins["deltas"].get(regime, {})
     if metric.lower() not in table:
-        raise ReportInputError(f"{DEFAULT_CONFIG}: no '{regime}' delta for metric '{metric}'; "
+        raise ReportInputError(f"{margins.get('source', 'the report config')}: no '{regime}' delta for metric '{metric}'; "
                                "add one or pass --delta")
     return table[metric.lower()], regime
 
@@ -212,10 +212,9 @@ def _label(key: tuple) -> str:
     return f"{model} / {data} / {steps} steps / batch {gbs}" + (f" / fine-tuned from {start}" if start else "")
 
 
-def parity_table(groups: dict, delta: float | None = None, alpha: float = 0.05,
-                 margins: dict | None = None) -> list[dict]:
-    """One entry per group: FP32 reference facts and one comparison per AMP precision."""
-    margins = margins or load_margins()
+def parity_table(groups: dict, margins: dict, delta: float | None = None, alpha: float = 0.05) -> list[dict]:
+    """One entry per group: FP32 reference facts and one comparison per AMP precision; ``margins``
+    from :func:`load_margins`."""
     table = []
     for key, by_prec in groups.items():
         first = next(iter(by_prec.values()))[0]

@@ -85,12 +85,12 @@ def evaluate_run(run: Run):
     return task
 
 
-def split_noise(inputs, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEVEL,
+def split_noise(inputs, margins_file, n_resamples: int = DEFAULT_RESAMPLES, level: float = LEVEL,
                 delta: float | None = None, alpha: float = 0.05, progress=print) -> list[dict]:
     """One entry per AMP-vs-FP32 comparison with two or more pairs: the mean paired difference, its
     interval over resampled images (pairs fixed), and the paired TOST with that noise added."""
     groups, _ = group_runs(load_runs(inputs))
-    margins = load_margins()
+    margins = load_margins(margins_file)
     tasks: dict[Path, object] = {}
 
     def outcomes(run: Run):
