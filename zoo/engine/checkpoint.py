@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 
 from zoo.engine.runlock import holder_if_locked
-from zoo.utils.runfolder import BEST, CKPT_DIR, LAST, atomic_save  # noqa: F401  (re-exported: the engine's names)
+from zoo.utils.runfolder import BEST, CKPT_DIR, LAST, atomic_save, best_weights, last_checkpoint  # noqa: F401  (re-exported: the engine's names)
 from zoo.weights import safe_load
 from zoo.weights.loading import compare_state_dict
 
@@ -134,7 +134,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unfinished_run(run_dir: Path) -> Path | None:
-    ckpt = run_dir / CKPT_DIR / LAST
+    ckpt = last_checkpoint(run_dir)
     if not ckpt.is_file() or (run_dir / "summary.json").exists():
         return None
     holder = holder_if_locked(run_dir)
@@ -153,7 +153,7 @@ def find_resume(resume, out_dir: Path) -> Path | None:
     if resume in (None, False, "", "null", "none"):
         return None
     if resume == "auto":
-        own = out_dir / CKPT_DIR / LAST
+        own = last_checkpoint(out_dir)
         if own.is_file():
             return own
         siblings = sorted((p for p in out_dir.parent.iterdir() if p.is_dir() and p != out_dir),
@@ -167,7 +167,7 @@ def find_resume(resume, out_dir: Path) -> Path | None:
         return None
     path = Path(str(resume))
     if path.is_dir():
-        path = path / CKPT_DIR / LAST
+        path = last_checkpoint(path)
     if not path.is_file():
         raise CheckpointError(f"trainer.resume={resume}: no checkpoint at {path}")
     return path

@@ -80,8 +80,8 @@ def resolve_weights(path: str | Path, key: str = "checkpoint") -> tuple[dict, st
     """
     path = Path(path)
     if path.is_dir():
-        best = path / ckpt.CKPT_DIR / ckpt.BEST
-        path = best if best.is_file() else path / ckpt.CKPT_DIR / ckpt.LAST
+        best = ckpt.best_weights(path)
+        path = best if best.is_file() else ckpt.last_checkpoint(path)
     if not path.is_file():
         raise ckpt.CheckpointError(f"{key}: nothing to evaluate at {path}")
     state = ckpt.read(path)

@@ -376,7 +376,7 @@ def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: 
         "primary_metric": {"name": trainer.task.primary_metric, "value": None, "evaluated_in": None, "ci": None},
         "metrics": {}, "wall_time_s": wall_s, "paddle_version": paddle.__version__,
         "git_revision": git_revision(), "run_dir": str(out_dir),
-        "checkpoint": str(out_dir / ckpt.CKPT_DIR / ckpt.LAST),
+        "checkpoint": str(ckpt.last_checkpoint(out_dir)),
     }
     if dist.is_main():
         write_json(out_dir / "summary.json", summary)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.utils.runfolder import CKPT_DIR, LAST
+from zoo.utils.runfolder import last_checkpoint
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # job folder names: a value's other characters become "_"
 
@@ -116,7 +116,7 @@ def job_state(folder: Path) -> str:
                 return "done"
         except (OSError, ValueError):
             pass
-    return "resume" if (folder / CKPT_DIR / LAST).is_file() else "fresh"
+    return "resume" if (last_checkpoint(folder)).is_file() else "fresh"
 
 
 _OWN_KEYS = ("trainer.progress", "trainer.resume")  # what the sweep adds to every job

@@ -141,12 +141,12 @@ class Trainer:
     def save_checkpoint(self) -> None:
         dist.sync_buffers(self.model, self.ema)
         if self.main:
-            ckpt.atomic_save(self.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.LAST)
+            ckpt.atomic_save(self.state_dict(), ckpt.last_checkpoint(self.out_dir))
         dist.barrier()
         self.saved_step = self.step
 
     def _maybe_resume(self) -> None:
-        own = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
+        own = ckpt.last_checkpoint(self.out_dir)
         path = ckpt.find_resume(self.settings.resume, self.out_dir)
         if path is None and own.is_file():
             raise ckpt.CheckpointError(
@@ -289,12 +289,12 @@ class Trainer:
             self.save_checkpoint()
         if self.saved_step is not None:
             raise SampleLoadError(f"{err}; checkpoint of step {self.saved_step} saved to "
-                                  f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}, resume with "
+                                  f"{ckpt.last_checkpoint(self.out_dir)}, resume with "
                                   "trainer.resume=auto once the file is fixed") from None
         raise err
 
     def _interrupted(self, signum: int, saved: bool) -> TrainingInterrupted:
-        path = self.out_dir / ckpt.CKPT_DIR / ckpt.LAST
+        path = ckpt.last_checkpoint(self.out_dir)
         if saved or self.saved_step == self.step:
             where = f"checkpoint saved to {path}"
         elif self.saved_step is not None:
@@ -321,7 +321,7 @@ class Trainer:
         if not math.isfinite(values["loss"]) and self.amp.scaler is None:
             raise NonFiniteLossError(
                 f"loss is {values['loss']} at step {self.step + 1} ({self.amp.effective}, no loss "
-                f"scaler); last complete checkpoint: {self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}")
+                f"scaler); last complete checkpoint: {ckpt.last_checkpoint(self.out_dir)}")
         if stepped and self.ema is not None:
             self.ema.update(dist.unwrap(self.model))
         return values, stepped, bad
@@ -337,7 +337,7 @@ class Trainer:
             self.save_checkpoint()
             where = self._locate_nonfinite(batch)
             raise NumericsGuardStop(f"{stop}; {where}; checkpoint saved: "
-                                    f"{self.out_dir / ckpt.CKPT_DIR / ckpt.LAST}") from None
+                                    f"{ckpt.last_checkpoint(self.out_dir)}") from None
         for e in events:
             self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
 
@@ -391,7 +391,7 @@ class Trainer:
             if not self.best or primary > self.best["value"]:
                 self.best = {"step": self.step, "value": primary, "metric": self.task.primary_metric}
                 if self.main:
-                    ckpt.atomic_save(model.state_dict(), self.out_dir / ckpt.CKPT_DIR / ckpt.BEST)
+                    ckpt.atomic_save(model.state_dict(), ckpt.best_weights(self.out_dir))
         model.train()
         numerics = metrics.numerics
         self.metrics.write("eval", self.step, **metrics, nonfinite_images=numerics["nonfinite_images"])

@@ -11,11 +11,21 @@ import paddle
 
 from zoo.utils.fileio import atomic_write
 
-__all__ = ["BEST", "CKPT_DIR", "LAST", "atomic_save"]
+__all__ = ["BEST", "CKPT_DIR", "LAST", "atomic_save", "best_weights", "last_checkpoint"]
 
 LAST = "last.pdckpt"
 BEST = "best.pdparams"
 CKPT_DIR = "checkpoints"
+
+
+def last_checkpoint(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints/last.pdckpt``: the latest complete training checkpoint of a run."""
+    return Path(run_dir) / CKPT_DIR / LAST
+
+
+def best_weights(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints/best.pdparams``: the weights of a run's best evaluation."""
+    return Path(run_dir) / CKPT_DIR / BEST
 
 
 def atomic_save(obj, path: str | Path) -> Path:

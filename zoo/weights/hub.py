@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from zoo.utils.cache import cache_dir
-from zoo.utils.runfolder import BEST, CKPT_DIR
+from zoo.utils.runfolder import BEST, CKPT_DIR, best_weights
 from zoo.weights import pins
 
 log = logging.getLogger(__name__)
@@ -477,7 +477,7 @@ def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
         return Path(text), None
     if os.path.isdir(text):  # a training run folder: the weights it kept as best
 
-        best = Path(text) / CKPT_DIR / BEST
+        best = best_weights(text)
         if not best.is_file():
             raise FileNotFoundError(f"pretrained='{text}' is a folder without {CKPT_DIR}/{BEST}; "
                                     "give a training run folder or a weights file")
