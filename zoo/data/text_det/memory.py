@@ -4,7 +4,7 @@ A DB train item allocates and frees some ten full-size float32 arrays (640x640: 
 image, the border/shrink maps and masks, the border map's temporaries). With glibc's defaults each
 such block is either mmapped and unmapped (below the dynamic mmap threshold's reach) or freed at
 the top of the heap and trimmed back to the kernel, so the next item faults in fresh zeroed pages:
-on this machine that was most of the label maps' cost (``python -m zoo.data.text_det.labels --bench``,
+on this machine that was most of the label maps' cost (``python -m zoo.bench.labels``,
 5 quads: border 4.6 -> 1.6 ms, shrink 1.7 -> 0.2 ms with the thresholds below, MODEL_CARDS.md).
 
 :func:`keep_freed_memory` sets ``M_TRIM_THRESHOLD`` (free memory at the heap's top is given back
