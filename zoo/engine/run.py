@@ -13,7 +13,6 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -24,19 +23,20 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import zoo
-from zoo.amp import Amp, DeviceInfo, current_device
+from zoo.amp import current_device
 from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
 from zoo.amp.guard import NumericsGuardStop
 from zoo.amp.nonfinite import describe as describe_nonfinite
-from zoo.engine import checkpoint as ckpt
 from zoo.engine import final_eval, provenance
-from zoo.engine.compiled import COMPILED_SCOPE, check_compile
+from zoo.engine import summary as run_summary
+from zoo.engine.compiled import check_compile
 from zoo.engine.ema import ModelEMA
-from zoo.engine.runinfo import announce, git_revision, peak_memory_mb, write_json
+from zoo.engine.runinfo import announce, git_revision, write_json
 from zoo.engine.runlock import RunLock
 from zoo.engine.schedules import SETTINGS as SCHED_SETTINGS
 from zoo.engine.schedules import clipped_warmup_message
+from zoo.engine.summary import RunFacts
 from zoo.engine.trainer import SETTINGS as TRAINER_SETTINGS
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.utils import distributed as dist
@@ -227,20 +227,6 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     return opt, sched, lr
 
 
-@dataclass
-class RunFacts:
-    """What :func:`build_trainer` learned while building, for summary.json (beside the Trainer)."""
-
-    amp: Amp
-    device: DeviceInfo
-    lr: float                        # the base LR after batch scaling
-    pairing: dict                    # digests of the initial weights and first batches
-    data_version: dict
-    pretrained: dict | None          # load report of model.net.pretrained
-    data_report: dict | None         # skipped samples per split (counts, then messages)
-    warmup_clipped: dict | None = None  # the schedule's warm-up, shortened to fit the run (schedules.py)
-
-
 def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
     """Everything a run needs, validated, in the order that fails fastest."""
     validate(cfg)
@@ -360,26 +346,12 @@ def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: 
                    wall_s: float) -> GuardStopped:
     """summary.json of a run the numerics guard stopped (no metric: the weights are not the result),
     and the error to raise (exit 3)."""
-    amp = facts.amp
     doctor = f"python tools/amp_doctor.py model={cfg.model.name} amp={cfg.amp.name}"
     message = (f"{stop}; see it before a run with '{doctor}' (plus this run's other overrides); "
                f"summary.json: status stopped_by_guard")
-    summary = {
-        "status": "stopped_by_guard", "stop_reason": str(stop), "nonfinite_origin": trainer.nonfinite_origin,
-        "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
-        "requested_precision": amp.requested, "effective_precision": amp.effective,
-        "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
-        "steps": trainer.step, "skipped_steps": amp.skipped_steps,
-        "all_steps_skipped": trainer.step > 0 and amp.skipped_steps >= trainer.step,
-        "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
-        "guard_events": trainer.guard.events[-100:], "guard_event_count": len(trainer.guard.events),
-        "primary_metric": {"name": trainer.task.primary_metric, "value": None, "evaluated_in": None, "ci": None},
-        "metrics": {}, "wall_time_s": wall_s, "paddle_version": paddle.__version__,
-        "git_revision": git_revision(), "run_dir": str(out_dir),
-        "checkpoint": str(ckpt.last_checkpoint(out_dir)),
-    }
     if dist.is_main():
-        write_json(out_dir / "summary.json", summary)
+        write_json(out_dir / "summary.json", run_summary.stopped_by_guard(cfg, trainer, facts, out_dir, str(stop),
+                                                                           wall_s).to_json())
     return GuardStopped(message)
 
 
@@ -389,12 +361,11 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
     git_revision()  # fixed now, before training: the revision of the code this process runs
     trainer, facts = build_trainer(cfg, out_dir)
     trainer.locate_nonfinite = locate_nonfinite
-    amp, compiled = facts.amp, trainer.settings.compile
-    data_report = facts.data_report
+    amp = facts.amp
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
-        data_report = record_data_report(data_report, out_dir)
+        facts.data_report = record_data_report(facts.data_report, out_dir)
         announce(amp.describe(facts.device))
     primary = trainer.task.primary_metric
     # One signal handling from the first step to the last evaluation: a stop in any phase leaves a
@@ -404,44 +375,16 @@ def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
             result = trainer.fit()
         except NumericsGuardStop as stop:
             raise _guard_stopped(cfg, trainer, facts, out_dir, stop, time.time() - t0) from None
-        if result["metrics"]:
-            evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result["metrics"],
+        if result.metrics:
+            evals = final_eval.after_training(trainer, lambda: build(cfg.model.net, "model.net"), result.metrics,
                                               cfg.trainer.get("eval_precision", "train"),
                                               cfg.trainer.get("bootstrap_resamples", 0))
         else:  # trainer.final_eval=false and no evaluation at the last step: nothing measured
             evals = {"eval_precision": None,
                      "primary_metric": {"name": primary, "value": None, "evaluated_in": None, "ci": None}}
     digests = dist.gather_digests(dist.parameter_digest(trainer.model))
-    peak_mb, peak_kind = peak_memory_mb()
-    summary = {
-        "status": "completed", "model": cfg.model.name, "data": cfg.data.name, "seed": cfg.seed,
-        "requested_precision": amp.requested, "effective_precision": amp.effective,
-        "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
-        "compiled": compiled, "compiled_scope": COMPILED_SCOPE if compiled else None,
-        "batch_size_per_rank": cfg.model.batch_size, "warmup_clipped": facts.warmup_clipped,
-        "global_batch_size": cfg.model.batch_size * dist.world_size(), "lr": facts.lr,
-        "steps": trainer.step, "epochs": trainer.step / result["steps_per_epoch"],
-        "primary_metric": {"name": primary, "value": result["metrics"].get(primary)},
-        "metrics": result["metrics"], "eval_numerics": result["numerics"], "best": result["best"],
-        "images_per_s": result["images_per_s"], "train_time_s": result["train_time_s"],
-        # a resumed run's wall time includes the segments before the resume (checkpoint "wall_time")
-        "wall_time_s": trainer.wall_before_resume + time.time() - t0,
-        "wall_time_before_resume_s": trainer.wall_before_resume, "skipped_steps": amp.skipped_steps,
-        "all_steps_skipped": trainer.step > 0 and amp.skipped_steps >= trainer.step,
-        "final_loss_scale": amp.loss_scale, "loss_scaler": amp.scaler_args if amp.scaler else None,
-        "guard_events": trainer.guard.events[-100:], "guard_event_count": len(trainer.guard.events),
-        "paddle_version": paddle.__version__, "git_revision": git_revision(),
-        "resumed_from": result["resumed_from"], "resume_changes": result["resume_changes"],
-        "pretrained": facts.pretrained, "data_report": data_report,
-        "param_digests": digests,
-        "versions": provenance.library_versions(), "data_version": facts.data_version,
-        "config_digest": provenance.config_digest(cfg),
-        "config_digest_excludes": list(provenance.CONFIG_DIGEST_EXCLUDES), "pairing": facts.pairing,
-        "ranks_in_sync": len(set(digests)) == 1, "run_dir": str(out_dir),
-        "peak_memory_mb": round(peak_mb, 1), "peak_memory_kind": peak_kind,
-        **_memory_prediction(cfg, facts, predict_memory),
-        **evals,
-    }
+    summary = run_summary.completed(cfg, trainer, facts, result, evals, _memory_prediction(cfg, facts, predict_memory),
+                                    out_dir, t0, digests).to_json()
     if dist.is_main():
         copy_launch_logs(out_dir)
         write_json(out_dir / "summary.json", summary)

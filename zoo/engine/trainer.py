@@ -23,6 +23,7 @@ from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
+from zoo.engine.summary import FitResult
 from zoo.utils import distributed as dist
 from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, check_table, prefixed
 from zoo.utils.progress import Progress
@@ -192,7 +193,7 @@ class Trainer:
             finally:
                 self.stop = StopRequests(enabled=False)
 
-    def fit(self) -> dict:
+    def fit(self) -> FitResult:
         """Train (resuming if asked), evaluate at the end (unless ``final_eval`` is off), write the
         final checkpoint, draw.
 
@@ -204,7 +205,7 @@ class Trainer:
         with self.handling_signals():
             return self._fit()
 
-    def _fit(self) -> dict:
+    def _fit(self) -> FitResult:
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
                                     dist.world_size(), drop_last=True, start_step=self.step,
@@ -246,11 +247,10 @@ class Trainer:
                                  self.out_dir / "drawings", f"step{self.step}_{label}", amp,
                                  f"step {self.step}, predictions in {label}")
             self.stop.check()
-        return {"metrics": final, "numerics": self.last_eval.get("numerics") if final else None,
-                "best": self.best, "resumed_from": self.resumed_from,
-                "resume_changes": self.resume_changes,
-                "train_time_s": self.train_time, "steps_per_epoch": self.steps_per_epoch,
-                "images_per_s": self.images_seen / max(self.train_time, 1e-9)}
+        return FitResult(metrics=final, numerics=self.last_eval.get("numerics") if final else None,
+                         best=self.best, resumed_from=self.resumed_from, resume_changes=self.resume_changes,
+                         train_time_s=self.train_time, steps_per_epoch=self.steps_per_epoch,
+                         images_per_s=self.images_seen / max(self.train_time, 1e-9))
 
     def _drawing_precisions(self) -> list:
         """(label, amp) pairs to draw in: the training precision, which the evaluation measured, and
