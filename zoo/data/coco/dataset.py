@@ -145,8 +145,19 @@ def _check_bbox(ann: dict, where: str) -> list[float]:
     return [float(v) for v in bbox]
 
 
+@dataclass
+class _Image:
+    """One entry of the json's ``images`` while its annotations are read."""
+
+    img: dict                                         # the json's entry
+    where: str                                        # "<json>: images[k] (id=N, file)" for messages
+    boxes: list = field(default_factory=list)         # (xyxy, label) to train on
+    kept: list = field(default_factory=list)          # the annotations evaluation's ground truth holds
+    fitted: list = field(default_factory=list)        # (kind, annotation id, note) of boxes fitted to the image
+
+
 def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
-    """``{image id: (entry, where, boxes, kept annotations)}`` and the ids of bad entries."""
+    """``{image id: _Image}`` and the ids of bad entries."""
     images, bad = {}, set()
     for k, img in enumerate(data["images"]):
         try:
@@ -158,7 +169,7 @@ def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
             if isinstance(img, dict) and isinstance(img.get("id"), int):
                 bad.add(img["id"])  # its annotations go with it
             continue
-        images[img["id"]] = (img, where, [], [], [])
+        images[img["id"]] = _Image(img, where)
     return images, bad
 
 
@@ -231,6 +242,39 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
         out.skipped.append(msg)
 
     images, bad = _index_images(data, path, problem)
+    _read_annotations(data, path, images, bad, label_of, out, problem)
+    gt_anns = []
+    for iid in sorted(images):
+        entry = images[iid]
+        if iid in bad or not _image_file_ok(entry, image_root, verify_images, problem):
+            continue
+        for kind, ann_id, note in entry.fitted:  # counted for the images read, whether their boxes all went or not
+            getattr(out, f"{kind}_ids").append(ann_id)
+            out.notes.append(note)
+        if not entry.boxes and not allow_empty:
+            out.num_empty_dropped += 1
+            continue
+        img = entry.img
+        out.records.append({"file": image_root / img["file_name"], "im_id": iid, "width": int(img["width"]),
+                            "height": int(img["height"]),
+                            "boxes": np.array([b for b, _ in entry.boxes], np.float32).reshape(-1, 4),
+                            "labels": np.array([c for _, c in entry.boxes], np.int64)})
+        if keep_gt:
+            # COCOeval reads 'area' and 'iscrowd'; user-made files may lack them.
+            gt_anns.append((img, [dict(a, area=a.get("area", a["bbox"][2] * a["bbox"][3]),
+                                       iscrowd=int(a.get("iscrowd", 0))) for a in entry.kept]))
+    out.num_degenerate = len(out.degenerate_ids)
+    if keep_gt:
+        out.gt = {"images": [img for img, _ in gt_anns], "annotations": [a for _, anns in gt_anns for a in anns],
+                  "categories": data["categories"]}
+    return out
+
+
+def _read_annotations(data: dict, path: Path, images: dict, bad: set, label_of: dict, out: CocoInstances,
+                      problem) -> None:
+    """Sort every annotation into its image (:class:`_Image`): a box to train on (fitted to its image,
+    :func:`_fit_box`), a crowd region (ground truth only), or a problem; an image with a bad
+    annotation joins ``bad``."""
     seen: dict[int, dict] = {}  # per image: (category_id, x, y, w, h) -> first annotation id
     anns = data.get("annotations") or []
     if not isinstance(anns, list):
@@ -241,7 +285,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             continue
         iid = ann.get("image_id")
         entry = images.get(iid) if isinstance(iid, int) else None
-        name = f", {entry[0]['file_name']}" if entry else ""
+        name = f", {entry.img['file_name']}" if entry else ""
         where = f"{path}: annotation id={ann.get('id')} (image id={iid}{name})"
         missing = [key for key in ("id", "image_id", "category_id", "bbox") if key not in ann]
         try:
@@ -253,7 +297,7 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
                 continue
             _check_bbox(ann, where)
             if ann["category_id"] not in label_of:
-                raise ValueError(f"{where}: unknown category_id {ann['category_id']!r}; known: {cat_ids}")
+                raise ValueError(f"{where}: unknown category_id {ann['category_id']!r}; known: {list(label_of)}")
         except ValueError as e:
             problem(str(e))
             if entry is not None:
@@ -261,50 +305,32 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
             continue
         if ann.get("iscrowd", 0) or ann.get("ignore", 0):
             out.num_crowd += 1
-            entry[3].append(ann)
+            entry.kept.append(ann)
             continue
-        kind, box, note = _fit_box(ann, entry[0], where, seen.setdefault(iid, {}))
+        kind, box, note = _fit_box(ann, entry.img, where, seen.setdefault(iid, {}))
         if kind is not None:
-            entry[4].append((kind, ann["id"], note))
+            entry.fitted.append((kind, ann["id"], note))
         if box is None:
             continue
-        entry[2].append((box, label_of[ann["category_id"]]))
+        entry.boxes.append((box, label_of[ann["category_id"]]))
         # evaluation's ground truth: the box as trained on (a given 'area', the segment's, is kept)
-        entry[3].append(ann if kind is None else dict(ann, bbox=[box[0], box[1], box[2] - box[0], box[3] - box[1]]))
-    gt_images, gt_anns = [], []
-    for iid in sorted(images):
-        if iid in bad:
-            continue
-        img, where, boxes, kept, fitted = images[iid]
-        file = image_root / img["file_name"]
-        if not file.is_file():
-            problem(f"{where}: image file {file} not found (file_name under image root {image_root})",
-                    FileNotFoundError)
-            continue
-        if verify_images:
-            try:
-                verify_image_file(file, (img["height"], img["width"]))
-            except (OSError, ImageDecodeError) as e:
-                problem(f"{where}: {e}")
-                continue
-        for kind, ann_id, note in fitted:  # counted for the images read, whether their boxes all went or not
-            getattr(out, f"{kind}_ids").append(ann_id)
-            out.notes.append(note)
-        if not boxes and not allow_empty:
-            out.num_empty_dropped += 1
-            continue
-        out.records.append({"file": file, "im_id": iid, "width": int(img["width"]), "height": int(img["height"]),
-                            "boxes": np.array([b for b, _ in boxes], np.float32).reshape(-1, 4),
-                            "labels": np.array([c for _, c in boxes], np.int64)})
-        if keep_gt:
-            gt_images.append(img)
-            # COCOeval reads 'area' and 'iscrowd'; user-made files may lack them.
-            gt_anns += [dict(a, area=a.get("area", a["bbox"][2] * a["bbox"][3]), iscrowd=int(a.get("iscrowd", 0)))
-                        for a in kept]
-    out.num_degenerate = len(out.degenerate_ids)
-    if keep_gt:
-        out.gt = {"images": gt_images, "annotations": gt_anns, "categories": data["categories"]}
-    return out
+        entry.kept.append(ann if kind is None else dict(ann, bbox=[box[0], box[1], box[2] - box[0], box[3] - box[1]]))
+
+
+def _image_file_ok(entry: _Image, image_root: Path, verify_images: bool, problem) -> bool:
+    """The image file exists (and, with ``verify_images``, is complete and of the json's size)."""
+    file = image_root / entry.img["file_name"]
+    if not file.is_file():
+        problem(f"{entry.where}: image file {file} not found (file_name under image root {image_root})",
+                FileNotFoundError)
+        return False
+    if verify_images:
+        try:
+            verify_image_file(file, (entry.img["height"], entry.img["width"]))
+        except (OSError, ImageDecodeError) as e:
+            problem(f"{entry.where}: {e}")
+            return False
+    return True
 
 
 class COCODetDataset(paddle.io.Dataset):
