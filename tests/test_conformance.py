@@ -70,3 +70,40 @@ def test_the_tool_catches_the_old_everything_low_o2_rule(tmp_path):
     res = run_tool([str(script)], ROOT, env_extra={"GLOG_vmodule": "amp_utils=6", "GLOG_logtostderr": "1"})
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "DISAGREE" in res.stdout
+
+
+@pytest.mark.slow
+def test_ops_called_by_keyword_conform(tmp_path):
+    """issue 35.6: a layer that calls ``paddle.multiply(x=..., y=...)`` (PaddleOCR's LCNetV3 SELayer
+    does) is low precision in Paddle's rule; the emulation used to compute it in fp32 (it read only
+    positional tensors), which this comparison reports as a disagreement."""
+    script = tmp_path / "keyword_model.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import paddle
+        from zoo.amp.emulation import Emulation
+        from zoo.diagnostics import conformance as conf
+
+        class Gate(paddle.nn.Layer):
+            def __init__(self):
+                super().__init__()
+                self.conv = paddle.nn.Conv2D(4, 4, 3, padding=1, bias_attr=False)
+            def forward(self, x):
+                y = self.conv(x)
+                return paddle.multiply(x=y, y=paddle.nn.functional.relu(y)).mean()
+
+        def fresh():
+            paddle.seed(0)
+            return Gate()
+
+        x = paddle.rand([2, 4, 8, 8])
+        p_calls, _ = conf.paddle_trace(fresh(), lambda m: m(x), "O1", "float16")
+        e_calls, _ = conf.emulation_trace(fresh(), lambda m: m(x), Emulation("O1", "float16"))
+        rep = conf.compare(p_calls, e_calls, conf.load_allow_list(), (0, 0))
+        rows = {{r[0]: r[1:3] for r in rep.rows}}
+        print("multiply", rows.get("multiply"), "unexplained", rep.unexplained)
+        sys.exit(0 if rep.unexplained == 0 and rows.get("multiply") == ("low", "low") else 1)
+    """))
+    res = run_tool([str(script)], ROOT, env_extra={"GLOG_vmodule": "amp_utils=6", "GLOG_logtostderr": "1"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

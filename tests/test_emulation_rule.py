@@ -230,3 +230,26 @@ def test_unknown_emulation_switch_is_refused():
 
     with pytest.raises(AmpConfigError, match="amp.emulation"):
         Amp(name="O1", enabled=True, emulation={"forwards": False})
+
+
+def test_tensors_passed_by_keyword_follow_the_rule():
+    """issue 35.6: ``paddle.multiply(x=a, y=b)`` (PaddleOCR's LCNetV3 SELayer) escaped the rule:
+    ``Emulation.run`` read only positional tensors, so the op computed in fp32. By keyword it must
+    round and tag exactly as by position, and an fp32 keyword input must still promote."""
+    import numpy as np
+    import paddle
+
+    from zoo.amp.emulation import Emulation, is_low
+
+    emu = Emulation("O1", "float16")
+    a = paddle.to_tensor(np.linspace(0.1, 3.0, 12, dtype=np.float32).reshape(3, 4))
+    b = paddle.to_tensor(np.linspace(1.0, 2.0, 20, dtype=np.float32).reshape(4, 5))
+    with emu():
+        low = paddle.matmul(a, b)                    # white list: fp16
+        by_position = paddle.multiply(low, low)
+        by_keyword = paddle.multiply(x=low, y=low)
+        promoted = paddle.multiply(x=low, y=paddle.ones_like(low).astype("float32"))
+    assert is_low(low) and is_low(by_position) and is_low(by_keyword) and not is_low(promoted)
+    ref = (low.numpy().astype(np.float16) * low.numpy().astype(np.float16)).astype(np.float32)  # NumPy fp16
+    np.testing.assert_array_equal(by_keyword.numpy(), ref)
+    np.testing.assert_array_equal(by_keyword.numpy(), by_position.numpy())

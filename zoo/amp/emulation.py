@@ -222,6 +222,23 @@ def _map_args(args, fn, only_first: bool):
     return out
 
 
+def _map_kwargs(kwargs: dict, fn, only_x: bool) -> dict:
+    """``_map_args`` for tensors passed by keyword (``paddle.multiply(x=a, y=b)``, as PaddleOCR's
+    LCNetV3 calls it): the same rule must reach them, or the op escapes it. With ``only_x`` (the
+    norms) only ``x`` is mapped."""
+    out = {}
+    for key, value in kwargs.items():
+        if only_x and key != "x":
+            out[key] = value
+        elif _is_float(value):
+            out[key] = fn(value)
+        elif isinstance(value, (list, tuple)) and not only_x:
+            out[key] = type(value)(fn(t) if _is_float(t) else t for t in value)
+        else:
+            out[key] = value
+    return out
+
+
 def mark_o2_parameters(model, dtype: str) -> int:
     """Tag the parameters ``paddle.amp.decorate(level='O2')`` would cast; returns how many."""
     from paddle.amp.auto_cast import need_keep_fp32
@@ -306,15 +323,18 @@ class Emulation:
     def run(self, op: str, fn, args, kwargs):
         """Call ``fn`` with the precision Paddle's AMP rule picks for ``op``."""
         if self.level == "O2":  # decorated parameters enter every op as their low-precision copy
-            args = _map_args(args, lambda t: self._low(t) if getattr(t, O2_PARAM, False) else t, False)
-        inputs = _float_tensors(args)
-        mode = self.mode(op)
+            o2 = lambda t: self._low(t) if getattr(t, O2_PARAM, False) else t  # noqa: E731
+            args, kwargs = _map_args(args, o2, False), _map_kwargs(kwargs, o2, False)
         x_only = op in X_ONLY_NORMS
+        if x_only:  # norms: judged on x alone, given by position or as x=
+            inputs = _float_tensors(args[:1] if args else [kwargs.get("x")])
+        else:
+            inputs = _float_tensors([*args, *kwargs.values()])
+        mode = self.mode(op)
         if op == "linear" and len(args) == 3 and args[2] is not None:
             mode = self.mode("matmul")
             inputs = inputs[:2]
-        low = bool(inputs) and mode != "black" and (
-            mode == "white" or all(is_low(t) for t in (inputs[:1] if x_only else inputs)))
+        low = bool(inputs) and mode != "black" and (mode == "white" or all(is_low(t) for t in inputs))
         return self._compute(op, fn, args, kwargs, x_only) if low else fn(*args, **kwargs)
 
     def _compute(self, op, fn, args, kwargs, x_only):
@@ -326,6 +346,8 @@ class Emulation:
         if op in _OUTPUT_GRAD and len(args) == 1 and not kwargs:
             return _tag(_LowUnary.apply(self._low(args[0]), fn, op, self.dtype, self.forward, self.backward))
         args = _map_args(args, self._low, x_only)
+        if not (x_only and args):  # a norm's x by position: its other inputs are never cast
+            kwargs = _map_kwargs(kwargs, self._low, x_only)
         if op == "depthwise_conv2d" and self.depthwise_accumulation and not kwargs:
             out = depthwise_low_accum(args, self.dtype)
             if out is not None:
