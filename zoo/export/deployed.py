@@ -156,5 +156,23 @@ def fold_batch_norms(net: nn.Layer, sample: paddle.Tensor, forward=None) -> tupl
             conv.bias = conv.create_parameter([int(scale.shape[0])], is_bias=True, dtype=conv.weight.dtype)
         conv.bias.set_value(bias.astype(conv.bias.dtype))
         parent, name = parents[id(bn)]
-        parent._sub_layers[name] = nn.Identity()
+        parent._sub_layers[name] = _FusedActivation(bn._act) if getattr(bn, "_act", None) else nn.Identity()
     return net, len(pairs)
+
+
+class _FusedActivation(nn.Layer):
+    """What is left of ``paddle.nn.BatchNorm(..., act=...)`` once its normalisation is folded into the
+    conv: the activation it applied (PaddleOCR's DBHead uses ``act="relu"``; dropping it destroyed
+    the probability map). Paddle's fused-activation names map onto ``paddle.nn.functional``."""
+
+    NAMES = {"hard_swish": "hardswish", "hard_sigmoid": "hardsigmoid", "leaky_relu": "leaky_relu"}
+
+    def __init__(self, act: str):
+        super().__init__()
+        name = self.NAMES.get(act, act)
+        if not hasattr(nn.functional, name):
+            raise ValueError(f"BatchNorm act={act!r}: no paddle.nn.functional.{name} to keep it after folding")
+        self.act, self._fn = act, getattr(nn.functional, name)
+
+    def forward(self, x):
+        return self._fn(x)
