@@ -1,7 +1,7 @@
-"""The precision guard's rules of issue 39 item 4, without a full export: the keep-list search beyond
+"""The precision check's rules of issue 39 item 4, without a full export: the keep-list search beyond
 prefixes (zoo/export/search.py), margins no finer than the split resolves (zoo/export/resolution.py),
 the fp32 share of compute (zoo/export/compute.py) and the recorder the per-layer scan runs in
-(zoo/export/layers.py). The end-to-end cases are in tests/test_export_guard.py."""
+(zoo/export/layers.py). The end-to-end cases are in tests/test_export_precision_check.py."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from zoo.export.compute import compute_share, share_warning
 from zoo.export.deployed import DeployedEmulation
-from zoo.export.guard_report import check_lines
+from zoo.export.precision_report import check_lines
 from zoo.export.layers import Recorder
 from zoo.export.resolution import binomial_quantile, margin_rule, unit_of
 from zoo.export.search import search_keep_list
@@ -271,7 +271,7 @@ def test_an_fp32_network_with_nan_outputs_is_not_compared_but_named():
 
     from zoo.engine.run import build
     from zoo.export.common import ExportError
-    from zoo.export.guard import CheckSettings, Deployment, check_precision_export
+    from zoo.export.precision_check import CheckSettings, Deployment, check_precision_export
     from zoo.export.inference import ClassifierProbs
 
     cfg = compose(["model=resnet_tiny", "data.builder.num_val=16"])

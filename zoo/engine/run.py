@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 import zoo
 from zoo.amp import Amp, DeviceInfo, current_device
 from zoo.amp.amp import SETTINGS as AMP_SETTINGS
-from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
-from zoo.amp.guard import NumericsGuardStop
+from zoo.amp.numerics_guard import SETTINGS as GUARD_SETTINGS
+from zoo.amp.numerics_guard import NumericsGuardStop
 from zoo.amp.nonfinite import describe as describe_nonfinite
 from zoo.engine import checkpoint as ckpt
 from zoo.engine import final_eval, provenance

@@ -2,8 +2,8 @@
 
 Which exporter a model gets follows its task: DB -> :func:`~zoo.export.inference.export_inference`
 (shrink map), classification -> the same (softmax probabilities), PP-YOLOE ->
-:func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph). For fp16 / bf16 the precision guard
-checks the deployment first (zoo/export/guard.py). Options: configs/export.yaml.
+:func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph). For fp16 / bf16 the precision check
+checks the deployment first (zoo/export/precision_check.py). Options: configs/export.yaml.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from zoo.engine.run import build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.common import ExportError
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
-from zoo.export.guard_report import check_summary
-from zoo.export.guarded import PLOT, YML_KEY, guard_mode, run_guard, skipped_report, write_report, yml_block
+from zoo.export.precision_report import check_summary
+from zoo.export.checked_export import PLOT, YML_KEY, check_mode, run_precision_check, skipped_report, write_report, yml_block
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
     INFERENCE_PREFIX,
@@ -192,8 +192,8 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
     input_shape, precision, store, guard, check, layout, onnx (auto|true|false), opset, model_name,
     limit_side_len, limit_type, label_list, draw_threshold (configs/export.yaml). For fp16 / bf16 the
-    precision guard runs first (zoo/export/guarded.py); a refusal raises
-    :class:`~zoo.export.guard.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
+    precision check runs first (zoo/export/checked_export.py); a refusal raises
+    :class:`~zoo.export.precision_check.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
     ``out_dir``) and leaves ``out_dir`` as it was.
     """
     check_numbers(cfg)  # the model's, amp's, ... numbers, as training checks them; export.check.*: CheckSettings
@@ -201,14 +201,14 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     _onnx_mode(ex.onnx)
     precision = check_precision(ex.get("precision", "fp32"))
     stored = _store(ex.get("store", "fp32"), precision)
-    check = guard_mode(ex.get("guard", "on"))
+    check = check_mode(ex.get("guard", "on"))
     model, source = _load(cfg)
     plan = _plan(cfg, model)
     out_dir = Path(out_dir)
     report = None
     if precision != "fp32":
         refused_dir = Path(report_dir) if report_dir else out_dir.parent / "precision_refused"
-        report = run_guard(cfg, model, plan.kind, precision, refused_dir, log) if check else skipped_report(precision)
+        report = run_precision_check(cfg, model, plan.kind, precision, refused_dir, log) if check else skipped_report(precision)
         if stored == "low" and report.get("keep_fp32"):
             raise ExportError(f"export.store=low: the check keeps {report['keep_fp32']} fp32, which a file of "
                               "O2-cast weights cannot; use export.store=fp32 (the client converts at load)")

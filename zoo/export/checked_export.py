@@ -1,4 +1,4 @@
-"""The precision guard inside ``tools/export.py``: settings from the config, the deployment to check,
+"""The precision check inside ``tools/export.py``: settings from the config, the deployment to check,
 and the files it leaves: ``precision_report.json``, ``precision_layers.png`` and a block in the
 client yml that says how to load the export in fp16 / bf16 with its keep-list."""
 from __future__ import annotations
@@ -13,20 +13,20 @@ from omegaconf import OmegaConf
 from zoo.engine.run import build
 from zoo.engine.runinfo import git_revision
 from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError
-from zoo.export.guard import CheckSettings, Deployment, PrecisionRefused, check_precision_export
+from zoo.export.precision_check import CheckSettings, Deployment, PrecisionRefused, check_precision_export
 from zoo.export.inference import ClassifierProbs, DBProbabilityMap
 from zoo.export.layers import plot
 from zoo.export.precision import PRECISIONS
 
-__all__ = ["GUARD_FILES", "PLOT", "REPORT", "YML_KEY", "consumer_notes", "guard_mode", "run_guard", "skipped_report",
+__all__ = ["CHECK_FILES", "PLOT", "REPORT", "YML_KEY", "consumer_notes", "check_mode", "run_precision_check", "skipped_report",
            "write_report", "yml_block"]
 
 REPORT, PLOT = PRECISION_REPORT, PRECISION_PLOT
-GUARD_FILES = (REPORT, PLOT)
+CHECK_FILES = (REPORT, PLOT)
 YML_KEY = "ampzoo_precision"  # clients ignore it; it says what to pass them
 
 
-def guard_mode(value) -> bool:
+def check_mode(value) -> bool:
     """``export.guard``: on (true) or off (false)."""
     text = str(value).lower()
     if text not in ("on", "off", "true", "false"):
@@ -112,7 +112,7 @@ def write_report(report: dict, folder: Path) -> Path:
     return path
 
 
-def run_guard(cfg, model, kind: str, precision: str, refused_dir: Path, log=print) -> dict:
+def run_precision_check(cfg, model, kind: str, precision: str, refused_dir: Path, log=print) -> dict:
     """The check for ``export.precision=precision``; on refusal the report goes to ``refused_dir`` and
     :class:`PrecisionRefused` names it."""
     settings = _settings(cfg)

@@ -1,4 +1,4 @@
-"""The export-time precision guard: will this network keep its accuracy in fp16 / bf16, and which
+"""The export-time precision check: will this network keep its accuracy in fp16 / bf16, and which
 ops must stay fp32 for it to?
 
 For ``export.precision=fp16|bf16``, :func:`check_precision_export`:
@@ -17,7 +17,7 @@ For ``export.precision=fp16|bf16``, :func:`check_precision_export`:
 
 The keep-list is a list of op types, because that is what Paddle Inference
 (``exp_disable_mixed_precision_ops``) and TensorRT (``ops_run_float`` / ``disable_ops``) accept.
-The report's content is assembled in zoo/export/guard_report.py.
+The report's content is assembled in zoo/export/precision_report.py.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from zoo.engine.evaluate import evaluate
 from zoo.export.common import ExportError
 from zoo.export.compute import WARN_SHARE, compute_share
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, fold_batch_norms
-from zoo.export.guard_report import build_report, refusal
+from zoo.export.precision_report import build_report, refusal
 from zoo.export.layers import Recorder, compare
 from zoo.export.resolution import margin_rule, unit_of
 from zoo.export.search import candidates, search_keep_list
@@ -214,7 +214,7 @@ def _require_finite_fp32(ref: _Evaluation, precision: str) -> None:
 
 def check_precision_export(dep: Deployment, precision: str, dtype: str, settings: CheckSettings,
                            log=print) -> dict:
-    """Run the guard (module docstring); returns the report (``precision_report.json``'s content).
+    """Run the check (module docstring); returns the report (``precision_report.json``'s content).
     Raises :class:`PrecisionRefused` (the report attached as ``.report``) when no keep-list works."""
     t0 = time.time()
     folded, n_folded = fold_batch_norms(dep.net, next(_batches(dep, 1))["image"], lambda n, x: n(x))
