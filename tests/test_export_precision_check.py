@@ -16,7 +16,8 @@ from zoo.amp.emulation import is_low
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, consumer_black_list, fold_batch_norms
 from zoo.export.layers import compare, first_nonfinite, record
 from zoo.export.search import candidates
-from zoo.export.verdict import box_agreement, paired_difference, verdict
+from zoo.export.verdict import paired_difference, verdict
+from zoo.metrics.agreement import box_agreement
 
 EXPORT = str(ROOT / "tools" / "export.py")
 

@@ -25,13 +25,13 @@ from zoo.amp.capability import BF16_MIN_CC
 from zoo.data import EvalBatchSampler, build_loader
 from zoo.engine.run import build
 from zoo.export.deployed import DeployedEmulation, fold_batch_norms
+from zoo.export.inference import export_inference
 from zoo.export.precision_check import CheckSettings, Deployment, check_precision_export
-from zoo.export.inference import ClassifierProbs, DBProbabilityMap, export_inference
 from zoo.export.verdict import paired_difference, verdict
 
-CASES = {
-    "resnet_tiny": (["model=resnet_tiny", "data.builder.num_val=200"], "classification"),
-    "db_det_tiny": (["model=db_det_tiny", "data.builder.num_val=8"], "db"),
+CASES = {  # overrides, exported input shape (None: the classifier's fixed [-1, 3, S, S])
+    "resnet_tiny": (["model=resnet_tiny", "data.builder.num_val=200"], None),
+    "db_det_tiny": (["model=db_det_tiny", "data.builder.num_val=8"], [-1, 3, -1, -1]),
 }
 
 
@@ -83,18 +83,19 @@ def test_precision_check_prediction_against_the_gpu(model, precision, trt, tmp_p
         pytest.skip(f"bf16 needs compute capability {BF16_MIN_CC}, this GPU has {_cc()}")
     if trt and not paddle.inference.get_trt_compile_version()[0]:
         pytest.skip("this Paddle is built without TensorRT")
-    overrides, kind = CASES[model]
+    overrides, shape = CASES[model]
     cfg = compose(overrides)
     paddle.seed(0)
     net = build(cfg.model.net, "model.net")
     net.eval()
     val_set = build(cfg.data.builder, "data").build("val", cfg.seed)
-    wrapped = (DBProbabilityMap if kind == "db" else ClassifierProbs)(net)
-    dep = Deployment(wrapped, kind, lambda: build(cfg.model.task, "model.task"), val_set, 8)
+    task = build(cfg.model.task, "model.task")
+    wrapped = task.checked_module(net)  # DB's shrink map, the classifier's softmax: what is exported
+    dep = Deployment(wrapped, lambda: build(cfg.model.task, "model.task"), val_set, 8)
     dtype = "float16" if precision == "fp16" else "bfloat16"
     report = check_precision_export(dep, precision, dtype, CheckSettings(margin={"top1": 3.0, "hmean": 3.0}))
-    shape = [-1, 3, -1, -1] if kind == "db" else [-1, 3, cfg.data.builder.image_size, cfg.data.builder.image_size]
-    export_inference(net, tmp_path / "exp", shape, None, "maps" if kind == "db" else "probs")
+    shape = shape or [-1, 3, cfg.data.builder.image_size, cfg.data.builder.image_size]
+    export_inference(net, tmp_path / "exp", shape, None, deploy=task.deploy_module)
     predictor = _gpu_predictor(tmp_path / "exp", precision, report["consumer_black_list"], trt)
     batches = list(build_loader(val_set, EvalBatchSampler(len(val_set), 8), 0))
     folded, _ = fold_batch_norms(wrapped, batches[0]["image"])
