@@ -419,8 +419,10 @@ def test_ppyoloe_s_quick_run_is_the_schedule_measured_in_model_cards():
 
 
 def test_every_numeric_rule_names_a_key_of_some_config():
-    """validate() skips a rule whose key the config lacks: a misspelt rule would check nothing."""
+    """validate() skips a rule whose key the config lacks: a misspelt rule would check nothing. A task's
+    own rules (Task.SETTINGS) must each name a key of some config of that task."""
     from zoo.engine.run import SETTINGS
+    from zoo.engine.task_rules import task_class, task_settings
 
     composed = [compose([f"model={model}", "amp=O1"]) for model in options("model")]
     composed += [compose(["model=resnet_tiny", f"{group}={choice}"]) for group in ("optim", "sched")
@@ -428,6 +430,15 @@ def test_every_numeric_rule_names_a_key_of_some_config():
     composed += [compose([f"experiment={experiment}"]) for experiment in options("experiment")]  # real data sets
     keys = {k for cfg in composed for k in _flat(OmegaConf.to_container(cfg, resolve=False))}
     assert sorted(set(SETTINGS) - keys) == []
+    by_task: dict[type, tuple[set, set]] = {}  # task class -> (its rules, the keys of its configs)
+    for cfg in composed:
+        rules, task_keys = by_task.setdefault(task_class(cfg.model.task), (set(), set()))
+        rules |= set(task_settings(cfg))
+        task_keys |= set(_flat(OmegaConf.to_container(cfg, resolve=False)))
+    assert {cls.kind for cls in by_task} == {"text_detection", "object_detection", "classification"}
+    assert all(rules for rules, _ in by_task.values())  # every task has rules, and the lookup found them
+    assert {cls.__name__: sorted(rules - task_keys) for cls, (rules, task_keys) in by_task.items()} == \
+        {cls.__name__: [] for cls in by_task}
 
 
 @pytest.mark.parametrize("recipe", sorted(p.relative_to(GROUPS / "recipe").with_suffix("").as_posix()

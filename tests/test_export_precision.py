@@ -33,7 +33,7 @@ def _softmax(z):
     return e / e.sum(axis=1, keepdims=True)
 
 
-# The O2-cast file itself (export.store=low); the precision guard has tests of its own (test_export_guard.py).
+# The O2-cast file itself (export.store=low); the precision check has tests of its own (test_export_precision_check.py).
 LOW = ["export.store=low", "export.guard=off"]
 
 

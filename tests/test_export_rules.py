@@ -1,7 +1,8 @@
-"""The precision guard's rules of issue 39 item 4, without a full export: the keep-list search beyond
+"""The precision check's rules of issue 39 item 4, without a full export: the keep-list search beyond
 prefixes (zoo/export/search.py), margins no finer than the split resolves (zoo/export/resolution.py),
-the fp32 share of compute (zoo/export/compute.py) and the recorder the per-layer scan runs in
-(zoo/export/layers.py). The end-to-end cases are in tests/test_export_guard.py."""
+the fp32 share of compute (zoo/export/compute.py), the recorder the per-layer scan runs in
+(zoo/export/layers.py) and the tasks' metric units (``Task.metric_unit``). The end-to-end cases are in
+tests/test_export_precision_check.py."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,12 @@ import pytest
 
 from zoo.export.compute import compute_share, share_warning
 from zoo.export.deployed import DeployedEmulation
-from zoo.export.guard_report import check_lines
 from zoo.export.layers import Recorder
-from zoo.export.resolution import binomial_quantile, margin_rule, unit_of
+from zoo.export.precision_report import check_lines
+from zoo.export.resolution import binomial_quantile, margin_rule
 from zoo.export.search import search_keep_list
 from zoo.export.verdict import paired_difference, verdict
+from zoo.tasks import ClassificationTask, DBTask, PPYOLOETask
 
 # ---------------------------------------------------------------- the keep-list search
 
@@ -107,11 +109,11 @@ def test_binomial_quantile_is_how_often_one_image_is_drawn():
 def test_top1_margin_is_widened_to_four_images_and_says_so():
     """One changed top-1 among 1000 images: its 90 % interval reaches 3 images (0.3 pp), so the 0.2 pp
     margin could never accept it; the rule widens it to 4 images' worth (0.4 pp)."""
-    rule = margin_rule("top1", 0.2, *unit_of("classification", 1000, {}), 1000, 0.9)
+    rule = margin_rule("top1", 0.2, *ClassificationTask().metric_unit(1000, {}, None), 1000, 0.9)
     assert rule["widened"] and rule["margin_pp"] == pytest.approx(0.4) and rule["unit_pp"] == pytest.approx(0.1)
     assert "±0.2 to ±0.40 pp" in rule["note"] and "1000 images" in rule["note"]
-    assert not margin_rule("top1", 0.2, *unit_of("classification", 5000, {}), 5000, 0.9)["widened"]  # 0.08
-    wide = margin_rule("top1", 0.2, *unit_of("classification", 1500, {}), 1500, 0.9)  # 4 x 0.067 = 0.27 pp
+    assert not margin_rule("top1", 0.2, *ClassificationTask().metric_unit(5000, {}, None), 5000, 0.9)["widened"]  # 0.08
+    wide = margin_rule("top1", 0.2, *ClassificationTask().metric_unit(1500, {}, None), 1500, 0.9)  # 4 x 0.067 = 0.27 pp
     assert wide["widened"] and wide["margin_pp"] == pytest.approx(0.4 * 1000 / 1500)
 
 
@@ -143,7 +145,7 @@ def test_one_flipped_text_box_among_100_images_does_not_refuse_hmean():
     refusal) but inside the rule's 4 boxes. Three boxes lost the same way are not shown."""
     fp32 = [(3, 2, 2)] * 100
     sums = {"gt_care": 300, "det_care": 200}
-    rule = margin_rule("hmean", 0.3, *unit_of("db", 100, sums), 100, 0.9)
+    rule = margin_rule("hmean", 0.3, *DBTask().metric_unit(100, sums, None), 100, 0.9)
     assert rule["unit_pp"] == pytest.approx(100 * (_hmean(fp32) - _hmean(fp32[:17] + [(3, 2, 1)] + fp32[18:])))
     assert rule["margin_pp"] == pytest.approx(1.6) and "one text box" in rule["note"]
     for flipped in ((3, 2, 1), (3, 3, 3)):   # a match lost; a box found that FP32 missed
@@ -201,7 +203,7 @@ def test_one_lost_box_of_the_rarest_category_does_not_refuse_map():
     class _Val:
         im_ids = list(range(1, 61))
     _Val.coco = coco
-    unit, what = unit_of("ppyoloe", 60, {}, _Val)
+    unit, what = PPYOLOETask(num_classes=2).metric_unit(60, {}, _Val)
     assert unit == pytest.approx(100 / 24) and "rarest of 2 categories (12 boxes; 72 in all)" in what
     rule = margin_rule("mAP", 0.3, unit, what, 60, 0.9)
     d = paired_difference(ref, changed, 200, 0.9)
@@ -271,15 +273,15 @@ def test_an_fp32_network_with_nan_outputs_is_not_compared_but_named():
 
     from zoo.engine.run import build
     from zoo.export.common import ExportError
-    from zoo.export.guard import CheckSettings, Deployment, check_precision_export
-    from zoo.export.inference import ClassifierProbs
+    from zoo.export.precision_check import CheckSettings, Deployment, check_precision_export
 
     cfg = compose(["model=resnet_tiny", "data.builder.num_val=16"])
     paddle.seed(0)
     net = build(cfg.model.net, "model.net")
     fc = net.sublayers()[-1]
     fc.bias.set_value(np.full(fc.bias.shape, np.nan, np.float32))
-    dep = Deployment(ClassifierProbs(net).eval(), "classification", lambda: build(cfg.model.task, "model.task"),
+    task = build(cfg.model.task, "model.task")
+    dep = Deployment(task.checked_module(net).eval(), lambda: build(cfg.model.task, "model.task"),
                      build(cfg.data.builder, "data.builder").build("val", 0), 8)
     with pytest.raises(ExportError, match=r"^export.precision=fp16: the FP32 network itself outputs inf/NaN "
                                           r"\(16 of 16 images met non-finite values \(first at "):

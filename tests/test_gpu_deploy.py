@@ -1,9 +1,9 @@
-"""The precision guard's prediction against a real GPU deployment (``pytest -m gpu``; issue 25 item 7).
+"""The precision check's prediction against a real GPU deployment (``pytest -m gpu``; issue 25 item 7).
 
-For each family the fp32 program is exported and the guard decides its keep-list on a small split.
+For each family the fp32 program is exported and the check decides its keep-list on a small split.
 Paddle Inference then builds the program on the GPU in fp16 (and in bf16 where the card has it),
 with the keep-list as ``exp_disable_mixed_precision_ops``, and with TensorRT when this Paddle has
-it. It runs the same images. Compared with the guard's emulated prediction:
+it. It runs the same images. Compared with the check's emulated prediction:
 
 - the outputs: relative error of the GPU against FP32, of the emulation against FP32, and of the GPU
   against the emulation;
@@ -11,7 +11,7 @@ it. It runs the same images. Compared with the guard's emulated prediction:
 
 The numbers are printed (``-s``) and stored as JUnit properties (``--junitxml``), so a GPU user can
 send them back. Asserted: the GPU's outputs are finite wherever the prediction's are; for
-classification and DB, the paired verdict on the GPU's predictions equals the guard's.
+classification and DB, the paired verdict on the GPU's predictions equals the check's.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from zoo.amp.capability import BF16_MIN_CC
 from zoo.data import EvalBatchSampler, build_loader
 from zoo.engine.run import build
 from zoo.export.deployed import DeployedEmulation, fold_batch_norms
-from zoo.export.guard import CheckSettings, Deployment, check_precision_export
-from zoo.export.inference import ClassifierProbs, DBProbabilityMap, export_inference
+from zoo.export.inference import export_inference
+from zoo.export.precision_check import CheckSettings, Deployment, check_precision_export
 from zoo.export.verdict import paired_difference, verdict
 
-CASES = {
-    "resnet_tiny": (["model=resnet_tiny", "data.builder.num_val=200"], "classification"),
-    "db_det_tiny": (["model=db_det_tiny", "data.builder.num_val=8"], "db"),
+CASES = {  # overrides, exported input shape (None: the classifier's fixed [-1, 3, S, S])
+    "resnet_tiny": (["model=resnet_tiny", "data.builder.num_val=200"], None),
+    "db_det_tiny": (["model=db_det_tiny", "data.builder.num_val=8"], [-1, 3, -1, -1]),
 }
 
 
@@ -75,26 +75,27 @@ class _Outputs(paddle.nn.Layer):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("trt", [False, True], ids=["paddle", "tensorrt"])
 @pytest.mark.parametrize("model", list(CASES))
-def test_guard_prediction_against_the_gpu(model, precision, trt, tmp_path, record_property):
+def test_precision_check_prediction_against_the_gpu(model, precision, trt, tmp_path, record_property):
     from zoo.engine.evaluate import evaluate
-    from zoo.export.guard import _Precision
+    from zoo.export.precision_check import _Precision
 
     if precision == "bf16" and _cc() < BF16_MIN_CC:
         pytest.skip(f"bf16 needs compute capability {BF16_MIN_CC}, this GPU has {_cc()}")
     if trt and not paddle.inference.get_trt_compile_version()[0]:
         pytest.skip("this Paddle is built without TensorRT")
-    overrides, kind = CASES[model]
+    overrides, shape = CASES[model]
     cfg = compose(overrides)
     paddle.seed(0)
     net = build(cfg.model.net, "model.net")
     net.eval()
     val_set = build(cfg.data.builder, "data").build("val", cfg.seed)
-    wrapped = (DBProbabilityMap if kind == "db" else ClassifierProbs)(net)
-    dep = Deployment(wrapped, kind, lambda: build(cfg.model.task, "model.task"), val_set, 8)
+    task = build(cfg.model.task, "model.task")
+    wrapped = task.checked_module(net)  # DB's shrink map, the classifier's softmax: what is exported
+    dep = Deployment(wrapped, lambda: build(cfg.model.task, "model.task"), val_set, 8)
     dtype = "float16" if precision == "fp16" else "bfloat16"
     report = check_precision_export(dep, precision, dtype, CheckSettings(margin={"top1": 3.0, "hmean": 3.0}))
-    shape = [-1, 3, -1, -1] if kind == "db" else [-1, 3, cfg.data.builder.image_size, cfg.data.builder.image_size]
-    export_inference(net, tmp_path / "exp", shape, None, "maps" if kind == "db" else "probs")
+    shape = shape or [-1, 3, cfg.data.builder.image_size, cfg.data.builder.image_size]
+    export_inference(net, tmp_path / "exp", shape, None, deploy=task.deploy_module)
     predictor = _gpu_predictor(tmp_path / "exp", precision, report["consumer_black_list"], trt)
     batches = list(build_loader(val_set, EvalBatchSampler(len(val_set), 8), 0))
     folded, _ = fold_batch_norms(wrapped, batches[0]["image"])

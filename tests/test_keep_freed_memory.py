@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 from conftest import ROOT
-from test_det_data import _write_root
+from test_text_det_data import _write_root
 
 from zoo.data.text_det import memory
 from zoo.data.text_det.dataset import TextDetData

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, run_tool
-from test_det_data import _write_root
+from test_text_det_data import _write_root
 
 
 def test_stage_clock_does_not_change_the_item_and_covers_every_stage(tmp_path):

@@ -33,10 +33,11 @@ def test_short_ppyoloe_run_under_emulated_fp16(tmp_path):
     train_lines = [x for x in lines if x["kind"] == "train"]
     assert {"loss_cls", "loss_iou", "loss_dfl"} <= set(train_lines[0])
     assert all(np.isfinite(x["loss"]) for x in train_lines)
+    # the training precision's predictions and FP32's, each with a legend strip below the image
     pngs = sorted((tmp_path / "drawings").glob("*.png"))
-    assert len(pngs) == 2
+    assert [p.name.rsplit("_", 1)[0] for p in pngs] == ["step3_emulated-fp16-O1"] * 2 + ["step3_fp32"] * 2
     img = cv2.imread(str(pngs[0]))
-    assert img is not None and img.shape[:2] == (64, 64)
+    assert img is not None and img.shape[0] > 64 and img.shape[1] >= 64
 
 
 @pytest.mark.parametrize("amp, effective", [("O2", "emulated-fp16-O2"), ("bf16_O2", "emulated-bf16-O2")])

@@ -130,7 +130,7 @@ _clean_hydra_errors()
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (config, data, checkpoints): shown as one clear line, exit status 2."""
     from zoo.amp import AmpConfigError, AmpUnsupportedError
-    from zoo.amp.guard import NumericsGuardStop
+    from zoo.amp.numerics_guard import NumericsGuardStop
     from zoo.data import ImageFileError, SampleLoadError
     from zoo.engine.checkpoint import CheckpointError
     from zoo.engine.run import ConfigError

@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 @hydra.main(version_base="1.3", config_path=_entry.CONFIG_DIR, config_name="export")
 def main(cfg: DictConfig) -> None:
     from zoo.export import export_from_config  # ExportError is a ValueError: one "error:" line, exit 2
-    from zoo.export.guard import PrecisionRefused
-    from zoo.export.guard_report import check_lines
+    from zoo.export.precision_check import PrecisionRefused
+    from zoo.export.precision_report import check_lines
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     cfg = _entry.run_or_exit(_entry.config_of_run, cfg, "weights", "export")

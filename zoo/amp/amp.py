@@ -29,7 +29,7 @@ from zoo.amp.emulation import (
     round_parameter_grads,
     unknown_op,
 )
-from zoo.amp.guard import NumericsGuard
+from zoo.amp.numerics_guard import NumericsGuard
 from zoo.amp.scaler import load_scaler_state, make_grad_scaler, scale_loss
 from zoo.utils.checks import COUNT, POSITIVE, Bound, check_table, prefixed
 

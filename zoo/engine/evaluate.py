@@ -16,13 +16,15 @@ log = logging.getLogger(__name__)
 
 class EvalResult(dict):
     """The metrics (a plain dict, as before) and ``numerics``: the evaluation's non-finite outputs
-    (zoo/amp/nonfinite.py: images, nonfinite_images, image_indices, first_layers)."""
+    (zoo/amp/nonfinite.py: images, nonfinite_images, image_indices, first_layers), and ``sums``: the
+    task's ``eval_stats`` summed over batches and ranks."""
 
     numerics: dict
+    sums: dict
 
 
 def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
-             progress: bool = False, stop=None) -> EvalResult:
+             progress: bool = False, stop=None, predictions: list | None = None) -> EvalResult:
     """Run ``task.eval_stats`` over this rank's shard of ``val_set``, pool over ranks, compute metrics.
 
     A task with a ``begin_eval(val_set)`` method is told first, so it can collect per-image results
@@ -35,7 +37,11 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
     Every evaluation counts the images whose forward met inf or NaN and the layer where it started
     (:class:`~zoo.amp.nonfinite.NonFiniteWatch`; every layer's output under low precision, the
     model's outputs in FP32), pooled over ranks into ``result.numerics``; callers print and record
-    it (:func:`nonfinite_line`).
+    it (:func:`nonfinite_line`). ``result.sums`` holds the pooled ``eval_stats``.
+
+    ``predictions``: a list that receives each image's ``task.predict`` entry, in evaluation order
+    (the Task contract's ``eval_stats(..., predictions)``; the export's precision check compares two
+    networks' predictions with it). Training passes nothing, and nothing is kept.
     """
     sampler = EvalBatchSampler(len(val_set), batch_size, dist.rank(), dist.world_size())
     loader = build_loader(val_set, sampler, num_workers)
@@ -51,9 +57,13 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
             if stop is not None:
                 stop.check()
             watch.begin_batch(indices)
-            for k, v in task.eval_stats(model, batch).items():
+            stats = task.eval_stats(model, batch) if predictions is None else \
+                task.eval_stats(model, batch, predictions=predictions)
+            for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
-    result = EvalResult(task.compute_metrics(dist.all_reduce_sums(sums)))
+    pooled = dist.all_reduce_sums(sums)
+    result = EvalResult(task.compute_metrics(dict(pooled)))
+    result.sums = pooled
     numerics = watch.result()
     result.numerics = merge(dist.all_gather_objects(numerics)) if dist.world_size() > 1 else numerics
     return result
@@ -70,8 +80,8 @@ def draw_samples(task, model, val_set, count: int, out_dir, prefix: str, amp=Non
     computed under ``amp``'s autocast (the precision that was measured; FP32 when None) and titled
     ``caption``.
 
-    Detection tasks write PNGs with predicted and ground-truth boxes and a legend; tasks without a
-    ``draw`` method (classification) write nothing. Returns the written paths.
+    Detection tasks write PNGs with predicted and ground-truth boxes and a legend; classification
+    draws nothing (``Task.draw``'s default), nor does a task without a ``draw``. Returns the written paths.
     """
     if not hasattr(task, "draw") or count <= 0:
         return []

@@ -25,9 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 import zoo
 from zoo.amp import current_device
 from zoo.amp.amp import SETTINGS as AMP_SETTINGS
-from zoo.amp.guard import SETTINGS as GUARD_SETTINGS
-from zoo.amp.guard import NumericsGuardStop
 from zoo.amp.nonfinite import describe as describe_nonfinite
+from zoo.amp.numerics_guard import SETTINGS as GUARD_SETTINGS
+from zoo.amp.numerics_guard import NumericsGuardStop
 from zoo.engine import final_eval, provenance
 from zoo.engine import summary as run_summary
 from zoo.engine.compiled import check_compile
@@ -37,13 +37,13 @@ from zoo.engine.runlock import RunLock
 from zoo.engine.schedules import SETTINGS as SCHED_SETTINGS
 from zoo.engine.schedules import clipped_warmup_message
 from zoo.engine.summary import RunFacts
+from zoo.engine.task_rules import task_settings
 from zoo.engine.trainer import SETTINGS as TRAINER_SETTINGS
 from zoo.engine.trainer import Trainer, TrainerSettings
 from zoo.utils import distributed as dist
 from zoo.utils.checks import (
     ABSENT,
     COUNT,
-    COUNT_OR_ZERO,
     FRACTION,
     NON_NEGATIVE,
     POSITIVE,
@@ -94,7 +94,8 @@ def build(node: DictConfig, key: str, **kwargs):
 # Every number of a run's config with a rule, by its key: validate() checks each key the composed
 # config holds before anything is built. The amp, guard, trainer and schedule rules are the tables
 # those modules check their own arguments with; the model and data rules cover what the models'
-# configs set (the classes taking them check what depends on more than one value).
+# configs set (the classes taking them check what depends on more than one value). The rules of
+# model.task.* are the task class's own (Task.SETTINGS; zoo/engine/task_rules.py), added per config.
 SETTINGS = {
     "model.batch_size": COUNT,
     "model.eval_batch_size": COUNT,
@@ -111,16 +112,6 @@ SETTINGS = {
     **prefixed("sched.", SCHED_SETTINGS),
     **prefixed("amp.", AMP_SETTINGS),
     **prefixed("amp.guard.", GUARD_SETTINGS),
-    "model.task.label_smoothing": FRACTION,
-    **prefixed("model.task.loss.", {
-        "alpha": NON_NEGATIVE, "beta": NON_NEGATIVE, "ohem_ratio": POSITIVE,  # DB
-        "loss_weight.class": NON_NEGATIVE, "loss_weight.iou": NON_NEGATIVE, "loss_weight.dfl": NON_NEGATIVE,
-        "static_assigner_epoch": COUNT_OR_ZERO, "atss_topk": COUNT, "tal_topk": COUNT,
-        "tal_alpha": NON_NEGATIVE, "tal_beta": NON_NEGATIVE}),
-    **prefixed("model.task.postprocess.", {
-        "thresh": PROBABILITY, "box_thresh": PROBABILITY, "unclip_ratio": POSITIVE, "max_candidates": COUNT}),
-    "model.task.nms.score_threshold": PROBABILITY,
-    "model.task.nms.nms_threshold": PROBABILITY,
     "data.num_classes": COUNT,
     **prefixed("data.builder.", {
         "num_train": COUNT, "num_val": COUNT, "max_objects": COUNT, "max_polys": COUNT,
@@ -130,8 +121,10 @@ SETTINGS = {
 
 
 def check_numbers(cfg: DictConfig) -> None:
-    """Each number of :data:`SETTINGS` within its rule; then no nan / inf anywhere in the config."""
-    check_table(lambda key: OmegaConf.select(cfg, key, default=ABSENT), SETTINGS, ConfigError)
+    """Each number of :data:`SETTINGS` and of the task's rules within its rule; then no nan / inf
+    anywhere in the config."""
+    check_table(lambda key: OmegaConf.select(cfg, key, default=ABSENT), {**SETTINGS, **task_settings(cfg)},
+                ConfigError)
     for key, value in nonfinite_leaves(OmegaConf.to_container(cfg, resolve=True)):
         raise ConfigError(f"{key}: expected a finite number, got {value!r}")
 

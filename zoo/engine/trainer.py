@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.amp import Amp
-from zoo.amp.guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
+from zoo.amp.numerics_guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __all__ = ["PRECISION_REPORT", "PRECISION_PLOT", "ExportError", "floats"]
 
-# The precision guard's files beside an fp16 / bf16 export (zoo/export/guarded.py)
+# The precision check's files beside an fp16 / bf16 export (zoo/export/checked_export.py)
 PRECISION_REPORT, PRECISION_PLOT = "precision_report.json", "precision_layers.png"
 
 

@@ -2,7 +2,7 @@
 
 A keep-list can make a low-precision deployment equivalent to FP32 by keeping nearly everything
 fp32 (DB keeping ``conv2d``, ``depthwise_conv2d`` and ``add`` leaves little in bf16). The verdict
-alone does not say so, so the guard measures it, on the same forwards as its per-layer scan:
+alone does not say so, so the check measures it, on the same forwards as its per-layer scan:
 
 - the **cost** of an op call is its arithmetic: ``2 x output elements x reduction length`` for a
   convolution or matrix product (its multiply-adds, counted as two operations, as FLOPs are), and for

@@ -21,7 +21,8 @@ our mAP was measured with. PaddleX and PaddleDetection's clients clip after NMS 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import paddle
@@ -30,6 +31,7 @@ from paddle import nn
 from zoo.export.common import ExportError, floats
 from zoo.export.inference import LAYOUTS, fp32_model, save_program
 from zoo.export.precision import in_precision
+from zoo.tasks.object_detection import PPYOLOEDeploy, nms_settings
 
 __all__ = ["PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "export_ppyoloe", "ppyoloe_infer_cfg", "ppyoloe_model_name"]
 
@@ -38,54 +40,12 @@ __all__ = ["PPYOLOE_MODEL_NAMES", "PPYOLOEDeploy", "export_ppyoloe", "ppyoloe_in
 # client behaviour only; the network is ours.
 PPYOLOE_MODEL_NAMES = ("PP-YOLOE_plus-S", "PP-YOLOE_plus-M", "PP-YOLOE_plus-L", "PP-YOLOE_plus-X",
                        "PP-YOLOE-S_human", "PP-YOLOE-L_human", "PP-YOLOE-S_vehicle", "PP-YOLOE-L_vehicle")
-NMS_KEYS = ("score_threshold", "nms_top_k", "keep_top_k", "nms_threshold")
-NMS_DEFAULTS = {"score_threshold": 0.01, "nms_top_k": 1000, "keep_top_k": 100, "nms_threshold": 0.7}
 
 
 def ppyoloe_model_name(model_name: str) -> str:
     """PaddleX name for one of our PP-YOLOEs: ``ppyoloe_m`` -> ``PP-YOLOE_plus-M`` (tiny -> S)."""
     size = {"s": "S", "m": "M", "l": "L", "x": "X"}.get(model_name.rsplit("_", 1)[-1], "S")
     return f"PP-YOLOE_plus-{size}"
-
-
-def _nms_settings(nms: Mapping | None) -> dict:
-    nms = dict(nms or {})
-    unknown = sorted(set(nms) - set(NMS_KEYS))
-    if unknown:
-        raise ExportError(f"model.task.nms: unknown keys {unknown}; known: {list(NMS_KEYS)}")
-    out = {**NMS_DEFAULTS, **nms}
-    return {"score_threshold": float(out["score_threshold"]), "nms_top_k": int(out["nms_top_k"]),
-            "keep_top_k": int(out["keep_top_k"]), "nms_threshold": float(out["nms_threshold"])}
-
-
-class PPYOLOEDeploy(nn.Layer):
-    """``forward(image, scale_factor) -> (bbox [K, 6], bbox_num [N])``, PaddleDetection's deploy graph.
-
-    ``net`` is a PP-YOLOE in eval mode (``boxes`` [N, A, 4] in input pixels, ``scores`` [N, C, A]);
-    boxes are divided by the scale factor, clipped to the original image (H / scale_y, W / scale_x)
-    and go through ``multiclass_nms3`` with ``nms`` (score_threshold, nms_top_k, keep_top_k,
-    nms_threshold). The output is grouped by class, as Paddle's op gives it.
-    """
-
-    def __init__(self, net: nn.Layer, nms: Mapping | None = None):
-        super().__init__()
-        self.net = net
-        self.nms = _nms_settings(nms)
-
-    def forward(self, image, scale_factor):
-        out = self.net(image)
-        boxes, scores = out["boxes"].astype("float32"), out["scores"].astype("float32")
-        scale_y, scale_x = paddle.split(scale_factor, 2, axis=-1)
-        boxes = boxes / paddle.concat([scale_x, scale_y, scale_x, scale_y], axis=-1).reshape([-1, 1, 4])
-        h = paddle.reciprocal(scale_y) * float(image.shape[2])  # original size = input size / scale
-        w = paddle.reciprocal(scale_x) * float(image.shape[3])
-        upper = paddle.concat([w, h, w, h], axis=-1).reshape([-1, 1, 4])
-        boxes = paddle.minimum(paddle.maximum(boxes, paddle.zeros_like(boxes)), upper)
-        n = self.nms
-        bbox, _index, bbox_num = paddle._C_ops.multiclass_nms3(
-            boxes, scores, None, n["score_threshold"], n["nms_top_k"], n["keep_top_k"], n["nms_threshold"],
-            True, 1.0, -1)
-        return bbox, bbox_num
 
 
 def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list: Sequence[str],
@@ -123,24 +83,27 @@ def ppyoloe_infer_cfg(eval_size: int, mean: Sequence, std: Sequence, label_list:
             {"type": "Permute"},
         ],
         "label_list": [str(name) for name in label_list],
-        "NMS": {"name": "MultiClassNMS", **_nms_settings(nms), "nms_eta": 1.0, "background_label": -1,
+        "NMS": {"name": "MultiClassNMS", **nms_settings(nms, ExportError), "nms_eta": 1.0, "background_label": -1,
                 "normalized": True, "in_graph": True},
     }
 
 
 def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping | None = None,
-                   nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32") -> list[Path]:
-    """Save a PP-YOLOE with NMS in the graph (:class:`PPYOLOEDeploy`) in ``layout``:
+                   nms: Mapping | None = None, layout: str = "paddledetection", precision: str = "fp32",
+                   deploy: Callable[[nn.Layer], nn.Layer] | None = None) -> list[Path]:
+    """Save a PP-YOLOE with NMS in the graph (:class:`~zoo.tasks.object_detection.PPYOLOEDeploy`) in
+    ``layout``:
 
     ``paddledetection``: ``model.{json,pdiparams}`` + ``infer_cfg.yml`` (``tools/export_model.py``);
     ``paddlex``: ``inference.{json,pdiparams}`` + ``inference.yml`` (upstream's ``--for_fd``), which
     PaddleX's object-detection predictor reads. Inputs ``image`` [-1, 3, S, S], ``scale_factor`` [-1, 2].
+    ``deploy`` wraps the network (the task's ``deploy_module``); by default ``PPYOLOEDeploy(net, nms)``.
     """
     if layout not in LAYOUTS:
         raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
     size = int(eval_size)
     model = fp32_model(model)
-    layer = PPYOLOEDeploy(in_precision(model, precision), nms)
+    layer = (deploy or partial(PPYOLOEDeploy, nms=nms))(in_precision(model, precision))
     specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
              paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]
     prefix, yml_name = LAYOUTS[layout]

@@ -1,9 +1,10 @@
 """``tools/export.py``'s body: from the composed config to the export files and ``export.json``.
 
-Which exporter a model gets follows its task: DB -> :func:`~zoo.export.inference.export_inference`
-(shrink map), classification -> the same (softmax probabilities), PP-YOLOE ->
-:func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph). For fp16 / bf16 the precision guard
-checks the deployment first (zoo/export/guard.py). Options: configs/export.yaml.
+Which exporter a model gets follows its task's kind (:data:`EXPORTS`, one row per kind): text detection
+and classification -> :func:`~zoo.export.inference.export_inference` (DB's shrink map, softmax
+probabilities), object detection -> :func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph);
+the layer saved around the network is the task's ``deploy_module`` (zoo/tasks). For fp16 / bf16 the
+precision check judges the deployment first (zoo/export/precision_check.py). Options: configs/export.yaml.
 """
 from __future__ import annotations
 
@@ -16,12 +17,19 @@ import paddle
 import zoo
 from zoo.engine.checkpoint import check_fits
 from zoo.engine.from_run import resolve_weights, run_source
-from zoo.engine.run import build, check_numbers, seed_everything
+from zoo.engine.run import ConfigError, build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
+from zoo.export.checked_export import (
+    PLOT,
+    YML_KEY,
+    check_mode,
+    run_precision_check,
+    skipped_report,
+    write_report,
+    yml_block,
+)
 from zoo.export.common import ExportError
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
-from zoo.export.guard_report import check_summary
-from zoo.export.guarded import PLOT, YML_KEY, guard_mode, run_guard, skipped_report, write_report, yml_block
 from zoo.export.inference import (
     DEFAULT_DET_MODEL_NAME,
     INFERENCE_PREFIX,
@@ -33,6 +41,7 @@ from zoo.export.inference import (
     paddlex_cls_name,
 )
 from zoo.export.precision import PRECISIONS, check_precision
+from zoo.export.precision_report import check_summary
 
 __all__ = ["export_from_config", "saved_dtypes"]
 
@@ -68,9 +77,8 @@ def _ppyoloe_labels(cfg, builder, num_classes: int) -> list[str]:
 
 @dataclass
 class _Plan:
-    """What to export: the task kind, the client yml, and ``write(out_dir, yml, precision)``."""
+    """What to export: the client yml, and ``write(out_dir, yml, precision)``."""
 
-    kind: str                         # db | classification | ppyoloe
     yml: dict
     write: Callable
     model_name: str
@@ -80,7 +88,43 @@ class _Plan:
     layout: str = "paddlex"
 
 
-def _ppyoloe_plan(cfg, model) -> _Plan:
+def _normalization(cfg) -> tuple:
+    task = cfg.model.task
+    return task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
+
+
+def _inference_plan(model, task, yml: dict, model_name: str, shape: list, output: str) -> _Plan:
+    """``inference.*`` + ``inference.yml`` of ``task``'s deploy module (PaddleX / PaddleOCR / PaddleClas)."""
+    def write(out_dir, yml, precision):
+        return export_inference(model, out_dir, shape, yml, output, precision, deploy=task.deploy_module)
+    return _Plan(yml, write, model_name, shape, output)
+
+
+def _text_detection_plan(cfg, model, task) -> _Plan:
+    """DB: the shrink map; the yml holds DetResizeForTest and DBPostProcess (model.task.postprocess)."""
+    ex = cfg.export
+    _layout(ex.get("layout"), ("paddlex",), "paddlex")
+    model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
+    yml = db_inference_yml(cfg.model.task.get("postprocess") or {}, model_name, *_normalization(cfg),
+                           str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
+    return _inference_plan(model, task, yml, model_name, list(ex.input_shape or [-1, 3, -1, -1]), "maps")
+
+
+def _classification_plan(cfg, model, task) -> _Plan:
+    """A classifier: softmax probabilities; PaddleClas's resize, crop and Topk in the yml."""
+    ex = cfg.export
+    _layout(ex.get("layout"), ("paddlex",), "paddlex")
+    model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
+    if not model_name:
+        raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
+                          f"pass one, e.g. export.model_name=ResNet18")
+    size = int(cfg.data.builder.image_size)
+    yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), *_normalization(cfg),
+                            num_classes=cfg.data.get("num_classes"))
+    return _inference_plan(model, task, yml, model_name, list(ex.input_shape or [-1, 3, size, size]), "probs")
+
+
+def _object_detection_plan(cfg, model, task) -> _Plan:
     """PP-YOLOE: preprocessing read off the data's eval transform, labels, NMS from model.task.nms."""
     ex = cfg.export
     layout = _layout(ex.get("layout"), tuple(LAYOUTS), "paddledetection")
@@ -96,41 +140,35 @@ def _ppyoloe_plan(cfg, model) -> _Plan:
                           f"({evt.eval_size}), got {list(ex.input_shape)}; set data.builder.eval_size instead")
 
     def write(out_dir, yml, precision):
-        return export_ppyoloe(model, out_dir, evt.eval_size, yml, nms, layout, precision)
-    return _Plan("ppyoloe", infer_cfg, write, model_name, [-1, 3, evt.eval_size, evt.eval_size], "bbox, bbox_num",
+        return export_ppyoloe(model, out_dir, evt.eval_size, yml, nms, layout, precision, deploy=task.deploy_module)
+    return _Plan(infer_cfg, write, model_name, [-1, 3, evt.eval_size, evt.eval_size], "bbox, bbox_num",
                  LAYOUTS[layout][0], layout)
 
 
-def _plan(cfg, model) -> _Plan:
-    """DB -> shrink map; classification -> softmax probabilities; PP-YOLOE -> NMS in the graph."""
-    ex, task = cfg.export, cfg.model.task
-    target = str(task.get("_target_", ""))
-    mean, std = task.get("mean", (0.485, 0.456, 0.406)), task.get("std", (0.229, 0.224, 0.225))
-    if target.endswith("PPYOLOETask"):
-        return _ppyoloe_plan(cfg, model)
-    if target.endswith("DBTask"):
-        _layout(ex.get("layout"), ("paddlex",), "paddlex")
-        model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
-        yml = db_inference_yml(task.get("postprocess") or {}, model_name, mean, std,
-                               str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
-        kind, shape, output = "db", list(ex.input_shape or [-1, 3, -1, -1]), "maps"
-    elif target.endswith("ClassificationTask"):
-        _layout(ex.get("layout"), ("paddlex",), "paddlex")
-        model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
-        if not model_name:
-            raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
-                              f"pass one, e.g. export.model_name=ResNet18")
-        size = int(cfg.data.builder.image_size)
-        yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), mean, std,
-                                num_classes=cfg.data.get("num_classes"))
-        kind, shape, output = "classification", list(ex.input_shape or [-1, 3, size, size]), "probs"
-    else:
-        raise ExportError(f"model.task._target_: no export recipe for {target!r} (known: zoo.tasks.DBTask, "
-                          f"zoo.tasks.ClassificationTask, zoo.tasks.PPYOLOETask)")
+# How a model is exported for its clients, by its task's kind (the Task contract, zoo/tasks/base.py):
+# the client yml, the input shape and the writer. What is saved around the network is the task's own
+# ``deploy_module``. A new task family that is exported adds its row here.
+EXPORTS: dict[str, Callable[..., _Plan]] = {
+    "text_detection": _text_detection_plan,
+    "classification": _classification_plan,
+    "object_detection": _object_detection_plan,
+}
 
-    def write(out_dir, yml, precision):
-        return export_inference(model, out_dir, shape, yml, output, precision)
-    return _Plan(kind, yml, write, model_name, shape, output)
+
+def _task(cfg):
+    """The task ``model.task`` builds, once its class is known to have an export row."""
+    target = cfg.model.task.get("_target_")
+    known = f"known kinds: {', '.join(sorted(EXPORTS))} (the rows of EXPORTS in zoo/export/from_config.py)"
+    try:  # located through Hydra (its target policy applies), not called: an unknown kind builds nothing
+        cls = build(cfg.model.task, "model.task", _partial_=True, _recursive_=False).func
+    except ConfigError as e:
+        reason = str(e).splitlines()[0]
+        raise ExportError(f"model.task._target_: cannot locate {target!r} ({reason}); {known}") from None
+    kind = getattr(cls, "kind", None)
+    if kind not in EXPORTS:
+        said = f"a task of kind {kind!r}" if kind else "a task that declares no kind (zoo/tasks/base.py)"
+        raise ExportError(f"model.task._target_: {target!r} is {said}, which export does not know; {known}")
+    return build(cfg.model.task, "model.task")
 
 
 def saved_dtypes(prefix_path: Path) -> dict[str, int]:
@@ -192,8 +230,8 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     model's own initialisation (``model.net.pretrained`` when set). ``cfg.export`` holds out_dir,
     input_shape, precision, store, guard, check, layout, onnx (auto|true|false), opset, model_name,
     limit_side_len, limit_type, label_list, draw_threshold (configs/export.yaml). For fp16 / bf16 the
-    precision guard runs first (zoo/export/guarded.py); a refusal raises
-    :class:`~zoo.export.guard.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
+    precision check runs first (zoo/export/checked_export.py); a refusal raises
+    :class:`~zoo.export.precision_check.PrecisionRefused`, writes its report into ``report_dir`` (default: beside
     ``out_dir``) and leaves ``out_dir`` as it was.
     """
     check_numbers(cfg)  # the model's, amp's, ... numbers, as training checks them; export.check.*: CheckSettings
@@ -201,14 +239,16 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     _onnx_mode(ex.onnx)
     precision = check_precision(ex.get("precision", "fp32"))
     stored = _store(ex.get("store", "fp32"), precision)
-    check = guard_mode(ex.get("guard", "on"))
+    check = check_mode(ex.get("guard", "on"))
     model, source = _load(cfg)
-    plan = _plan(cfg, model)
+    task = _task(cfg)
+    plan = EXPORTS[task.kind](cfg, model, task)
     out_dir = Path(out_dir)
     report = None
     if precision != "fp32":
         refused_dir = Path(report_dir) if report_dir else out_dir.parent / "precision_refused"
-        report = run_guard(cfg, model, plan.kind, precision, refused_dir, log) if check else skipped_report(precision)
+        report = (run_precision_check(cfg, model, task, precision, refused_dir, log) if check
+                  else skipped_report(precision))
         if stored == "low" and report.get("keep_fp32"):
             raise ExportError(f"export.store=low: the check keeps {report['keep_fp32']} fp32, which a file of "
                               "O2-cast weights cannot; use export.store=fp32 (the client converts at load)")

@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import paddle
@@ -27,9 +27,10 @@ from paddle import nn
 from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats
 from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
+from zoo.tasks.classification import ClassifierProbs
+from zoo.tasks.text_detection import DBProbabilityMap
 
-__all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ClassifierProbs", "DBProbabilityMap",
-           "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
+__all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
            "export_onnx", "paddlex_cls_name", "save_program"]
 
 # paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
@@ -48,29 +49,6 @@ LAYOUTS = {"paddlex": (INFERENCE_PREFIX, "inference.yml"), "paddledetection": (D
 YML_HEADER = "# Written by ampzoo (tools/export.py); export.json says from what, and in which precision.\n"
 DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_type here: pass them to the\n"
               "# predictor (TextDetection(limit_side_len=..., limit_type=...)).\n")
-
-
-class DBProbabilityMap(nn.Layer):
-    """A DB net in eval mode returning the bare ``[N, 1, H, W]`` shrink map (PaddleX reads output 0)."""
-
-    def __init__(self, net: nn.Layer):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        out = self.net(x)
-        return out["maps"] if isinstance(out, Mapping) else out
-
-
-class ClassifierProbs(nn.Layer):
-    """Logits -> softmax probabilities, as PaddleClas's ExportModel (``infer_add_softmax`` default)."""
-
-    def __init__(self, net: nn.Layer):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        return nn.functional.softmax(self.net(x), axis=-1)
 
 
 def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str,
@@ -225,22 +203,29 @@ def fp32_model(model: nn.Layer) -> nn.Layer:
     return model
 
 
+# What a direct caller names by ``output``; tools/export.py passes the task's deploy module instead.
+_OUTPUT_WRAPPERS = {"maps": DBProbabilityMap, "probs": ClassifierProbs, "raw": lambda net: net}
+
+
 def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml: Mapping | None = None,
-                     output: str = "maps", precision: str = "fp32") -> list[Path]:
+                     output: str = "maps", precision: str = "fp32",
+                     deploy: Callable[[nn.Layer], nn.Layer] | None = None) -> list[Path]:
     """Save ``model`` (eval mode) as ``out_dir/inference.{json,pdiparams}`` plus ``inference.yml``.
 
-    ``output``: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier + softmax) or ``"raw"``.
+    ``deploy`` wraps the network in what is saved (a task's ``deploy_module``, zoo/tasks). Without it
+    ``output`` picks the wrapper: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier +
+    softmax) or ``"raw"``.
     ``precision``: ``fp32``, ``fp16`` or ``bf16`` weights (zoo/export/precision.py); inputs and
     outputs stay float32. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
     The model's training flag is restored afterwards. Returns the written files.
     """
-    wrappers = {"maps": DBProbabilityMap, "probs": ClassifierProbs, "raw": lambda net: net}
-    if output not in wrappers:
-        raise ExportError(f"output: expected one of {sorted(wrappers)}, got {output!r}")
+    if deploy is None and output not in _OUTPUT_WRAPPERS:
+        raise ExportError(f"output: expected one of {sorted(_OUTPUT_WRAPPERS)}, got {output!r}")
     shape = _check_shape(input_shape)
     model = fp32_model(model)
     spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
-    layer = wrappers[output](in_precision(model, precision))  # a low-precision copy is in eval mode
+    wrap = deploy or _OUTPUT_WRAPPERS[output]
+    layer = wrap(in_precision(model, precision))  # a low-precision copy is in eval mode
     return save_program(layer, model, out_dir, [spec], INFERENCE_PREFIX, infer_yml, "inference.yml", precision)
 
 

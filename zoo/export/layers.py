@@ -2,7 +2,7 @@
 
 :class:`Recorder` records every ``_C_ops`` call of the forwards of a network run inside it, named by
 the layer running it (``layer:op``, ``#n`` for its n-th call in that layer), whoever runs them: the
-guard records during its FP32 and low-precision evaluations (zoo.engine.evaluate), so the scan sees
+check records during its FP32 and low-precision evaluations (zoo.engine.evaluate), so the scan sees
 every image the verdict does at the cost of the hooks only. It keeps each call's magnitudes, how
 many images had a non-finite output, its cost (zoo/export/compute.py) and an evenly strided sample
 of its output. :func:`record` runs given batches through one. :func:`compare` sets two runs side by

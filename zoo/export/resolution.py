@@ -11,19 +11,15 @@ The rule (:func:`margin_rule`): the margin used is the larger of ``export.check.
 and ``(q + 1)`` units. One changed unit is then always inside it; two changed the same way (their
 interval reaches about 5 units) are not. The report and the console say when and why it widened.
 
-One unit, in percentage points of the metric (:func:`unit_of`):
-
-- top-1: ``100 / n`` (one image);
-- hmean (DB): ``200 / (G + D)``, G the ground-truth boxes and D the detections of the FP32 run
-  (hmean = 2 M / (G + D); one box matched or not moves M by one, and nothing moves it more);
-- mAP: ``100 / (C x G_min)``, C the categories with ground truth and G_min the boxes of the rarest
-  (COCO averages AP over categories; one box moves its category's AP by at most 1 / G_c).
+One unit, in percentage points of the metric, is the task's to say (``Task.metric_unit``, zoo/tasks):
+top-1 ``100 / n`` (one image), hmean ``200 / (G + D)`` (one text box), mAP ``100 / (C x G_min)``
+(one box of the rarest category); each task's method says why.
 """
 from __future__ import annotations
 
 from math import comb
 
-__all__ = ["binomial_quantile", "margin_rule", "unit_of"]
+__all__ = ["binomial_quantile", "margin_rule"]
 
 
 def binomial_quantile(n: int, p: float) -> int:
@@ -36,32 +32,6 @@ def binomial_quantile(n: int, p: float) -> int:
         if total >= p - 1e-12:
             return k
     return n
-
-
-def _map_unit(val_set) -> tuple[float, str]:
-    coco = val_set.coco
-    ids = [int(i) for i in getattr(val_set, "im_ids", coco.getImgIds())]
-    per_cat: dict[int, int] = {}
-    for ann in coco.loadAnns(coco.getAnnIds(imgIds=ids, iscrowd=False)):
-        per_cat[ann["category_id"]] = per_cat.get(ann["category_id"], 0) + 1
-    if not per_cat:
-        return float("inf"), "no ground-truth boxes"
-    rarest = min(per_cat.values())
-    return 100.0 / (len(per_cat) * rarest), (f"one box of the rarest of {len(per_cat)} categories "
-                                             f"({rarest} boxes; {sum(per_cat.values())} in all)")
-
-
-def unit_of(kind: str, n_images: int, sums: dict, val_set=None) -> tuple[float, str]:
-    """``(pp, what)``: how far one unit moves the primary metric (module docstring). ``sums`` are the
-    FP32 evaluation's summed ``eval_stats`` (DB: gt_care, det_care)."""
-    if kind == "classification":
-        return 100.0 / max(n_images, 1), "one image's top-1 class"
-    if kind == "db":
-        g, d = float(sums.get("gt_care", 0)), float(sums.get("det_care", 0))
-        if g + d <= 0:
-            return float("inf"), "no text boxes"
-        return 200.0 / (g + d), f"one text box ({g:.0f} in the ground truth, {d:.0f} detected in FP32)"
-    return _map_unit(val_set)
 
 
 def margin_rule(metric: str, requested: float, unit_pp: float, unit_what: str, n_images: int,

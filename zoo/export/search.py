@@ -15,7 +15,7 @@ error. :func:`search_keep_list` looks for a small equivalent keep-list among the
 
 Every evaluation counts against ``max_evaluations``; when it runs out, the smallest equivalent list
 seen so far is the answer. "Equivalent" is what ``evaluate_keep`` says: the metric's interval inside
-the margin and no image with a non-finite output (zoo/export/guard.py).
+the margin and no image with a non-finite output (zoo/export/precision_check.py).
 """
 from __future__ import annotations
 

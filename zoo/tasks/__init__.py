@@ -1,6 +1,9 @@
-"""Task objects: what a model family computes for training (loss dict) and evaluation."""
-from zoo.tasks.classification import ClassificationTask
-from zoo.tasks.object_detection import PPYOLOETask
-from zoo.tasks.text_detection import DBTask
+"""Task objects: what a model family computes for training (loss dict), evaluation and export.
+Every task satisfies the contract of :class:`~zoo.tasks.base.Task`."""
+from zoo.tasks.base import Task
+from zoo.tasks.classification import ClassificationTask, ClassifierProbs
+from zoo.tasks.object_detection import PPYOLOEDeploy, PPYOLOETask
+from zoo.tasks.text_detection import DBProbabilityMap, DBTask
 
-__all__ = ["ClassificationTask", "DBTask", "PPYOLOETask"]
+__all__ = ["ClassificationTask", "ClassifierProbs", "DBProbabilityMap", "DBTask", "PPYOLOEDeploy", "PPYOLOETask",
+           "Task"]

@@ -1,23 +1,40 @@
-"""Image classification as a task: loss dict for training, summable statistics for evaluation.
-
-The engine calls only ``losses``, ``eval_stats`` and ``compute_metrics``, so DB, PP-YOLOE and
-ResNet share one loop (STYLE.md: the model or a small task object returns the loss dict).
+"""Image classification as a task: loss dict for training, summable statistics for evaluation,
+and the softmax the export adds (the Task contract: zoo/tasks/base.py).
 """
 from __future__ import annotations
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+from paddle import nn
 
 from zoo.metrics import accuracy_from_counts, topk_correct
+from zoo.metrics.agreement import class_agreement
 from zoo.metrics.bootstrap import bootstrap_mean
+from zoo.tasks.base import Task
 from zoo.utils import distributed as dist
+from zoo.utils.checks import FRACTION
+
+__all__ = ["ClassificationTask", "ClassifierProbs"]
 
 
-class ClassificationTask:
+class ClassifierProbs(nn.Layer):
+    """Logits -> softmax probabilities, as PaddleClas's ExportModel (``infer_add_softmax`` default)."""
+
+    def __init__(self, net: nn.Layer):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return nn.functional.softmax(self.net(x), axis=-1)
+
+
+class ClassificationTask(Task):
     """Cross-entropy training (optional label smoothing) and top-k evaluation."""
 
+    kind = "classification"
     primary_metric = "top1"
+    SETTINGS = {"label_smoothing": FRACTION}
 
     def __init__(self, label_smoothing: float = 0.0, topk=(1, 5)):
         if not 0.0 <= label_smoothing < 1.0:
@@ -38,10 +55,17 @@ class ClassificationTask:
         """Start collecting per-image top-1 hits (for the bootstrap CI over images)."""
         self._hits = []
 
+    def predict(self, model, batch) -> np.ndarray:
+        """The model's class scores ``[N, C]`` as float32: logits of the network, probabilities of its
+        deploy module (the ranking, and so top-k, is the same)."""
+        return model(batch["image"]).astype("float32").numpy()
+
     @paddle.no_grad()
-    def eval_stats(self, model, batch) -> dict[str, float]:
+    def eval_stats(self, model, batch, predictions: list | None = None) -> dict[str, float]:
         """Top-k hit counts for one batch (per-image top-1 hits are kept too)."""
-        logits = model(batch["image"]).astype("float32").numpy()
+        logits = self.predict(model, batch)
+        if predictions is not None:
+            predictions.extend(logits)  # one [C] row per image
         labels = batch["label"].numpy().reshape(-1)
         # argmax takes the lowest index among ties, as topk_correct's stable sort does
         self._hits.append((logits.argmax(axis=1) == labels).astype(np.int8))
@@ -64,3 +88,17 @@ class ClassificationTask:
 
     def n_evaluated_images(self) -> int:
         return int(sum(h.size for h in self._hits))
+
+    # ---- export ---------------------------------------------------------------------------------
+    def deploy_module(self, net: nn.Layer) -> nn.Layer:
+        """The network with a softmax: PaddleClas's clients read probabilities."""
+        return ClassifierProbs(net)
+
+    def agreement(self, fp32_predictions, low_predictions, min_score: float = 0.0) -> dict:
+        """Share of images with the same top-1 class, largest probability difference (every image
+        counts: a classifier's client shows its top-k whatever the score)."""
+        return class_agreement(fp32_predictions, low_predictions)
+
+    def metric_unit(self, n_images: int, sums: dict[str, float], val_set) -> tuple[float, str]:
+        """One image's top-1 class: ``100 / n`` pp."""
+        return 100.0 / max(n_images, 1), "one image's top-1 class"

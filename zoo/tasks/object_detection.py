@@ -10,6 +10,9 @@ eval mode (zoo/models/ppyoloe.py); NMS runs here, on NumPy arrays.
 COCO mAP is not a sum over batches: ``begin_eval`` starts a fresh :class:`COCOMetric` on the
 validation set's ground truth, ``eval_stats`` adds each image's detections to it, and
 ``compute_metrics`` gathers the detections of every rank before pycocotools evaluates them.
+
+The export saves :class:`PPYOLOEDeploy`, PaddleDetection's deploy graph with NMS inside
+(zoo/export/detection.py writes it). The Task contract: zoo/tasks/base.py.
 """
 from __future__ import annotations
 
@@ -19,19 +22,69 @@ from pathlib import Path
 import cv2
 import numpy as np
 import paddle
+from paddle import nn
 
 from zoo.losses import PPYOLOELoss
+from zoo.metrics.agreement import box_agreement
 from zoo.metrics.coco_eval import COCOMetric
 from zoo.postprocess import draw_boxes
 from zoo.postprocess.draw import GT_COLOR, with_legend
 from zoo.postprocess.nms import multiclass_nms
+from zoo.tasks.base import Task
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 from zoo.utils import distributed as dist
+from zoo.utils.checks import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, PROBABILITY
+
+__all__ = ["NMS_DEFAULTS", "NMS_KEYS", "PPYOLOEDeploy", "PPYOLOETask", "nms_settings"]
 
 MAX_MAP_RESAMPLES = 200
+NMS_KEYS = ("score_threshold", "nms_top_k", "keep_top_k", "nms_threshold")
+NMS_DEFAULTS = {"score_threshold": 0.01, "nms_top_k": 1000, "keep_top_k": 100, "nms_threshold": 0.7}
 
 
-class PPYOLOETask:
+def nms_settings(nms: Mapping | None, error: type[Exception] = ValueError) -> dict:
+    """``model.task.nms`` with the defaults of :func:`~zoo.postprocess.nms.multiclass_nms` filled in,
+    typed; an unknown key raises ``error`` naming it."""
+    nms = dict(nms or {})
+    unknown = sorted(set(nms) - set(NMS_KEYS))
+    if unknown:
+        raise error(f"model.task.nms: unknown keys {unknown}; known: {list(NMS_KEYS)}")
+    out = {**NMS_DEFAULTS, **nms}
+    return {"score_threshold": float(out["score_threshold"]), "nms_top_k": int(out["nms_top_k"]),
+            "keep_top_k": int(out["keep_top_k"]), "nms_threshold": float(out["nms_threshold"])}
+
+
+class PPYOLOEDeploy(nn.Layer):
+    """``forward(image, scale_factor) -> (bbox [K, 6], bbox_num [N])``, PaddleDetection's deploy graph.
+
+    ``net`` is a PP-YOLOE in eval mode (``boxes`` [N, A, 4] in input pixels, ``scores`` [N, C, A]);
+    boxes are divided by the scale factor, clipped to the original image (H / scale_y, W / scale_x)
+    and go through ``multiclass_nms3`` with ``nms`` (score_threshold, nms_top_k, keep_top_k,
+    nms_threshold). The output is grouped by class, as Paddle's op gives it.
+    """
+
+    def __init__(self, net: nn.Layer, nms: Mapping | None = None):
+        super().__init__()
+        self.net = net
+        self.nms = nms_settings(nms)
+
+    def forward(self, image, scale_factor):
+        out = self.net(image)
+        boxes, scores = out["boxes"].astype("float32"), out["scores"].astype("float32")
+        scale_y, scale_x = paddle.split(scale_factor, 2, axis=-1)
+        boxes = boxes / paddle.concat([scale_x, scale_y, scale_x, scale_y], axis=-1).reshape([-1, 1, 4])
+        h = paddle.reciprocal(scale_y) * float(image.shape[2])  # original size = input size / scale
+        w = paddle.reciprocal(scale_x) * float(image.shape[3])
+        upper = paddle.concat([w, h, w, h], axis=-1).reshape([-1, 1, 4])
+        boxes = paddle.minimum(paddle.maximum(boxes, paddle.zeros_like(boxes)), upper)
+        n = self.nms
+        bbox, _index, bbox_num = paddle._C_ops.multiclass_nms3(
+            boxes, scores, None, n["score_threshold"], n["nms_top_k"], n["keep_top_k"], n["nms_threshold"],
+            True, 1.0, -1)
+        return bbox, bbox_num
+
+
+class PPYOLOETask(Task):
     """PP-YOLOE training losses and COCO evaluation.
 
     Args:
@@ -43,7 +96,13 @@ class PPYOLOETask:
         rgb: the batch images are RGB (PaddleDetection decodes RGB); converted to BGR for drawing.
     """
 
+    kind = "object_detection"
     primary_metric = "mAP"
+    max_resamples = MAX_MAP_RESAMPLES
+    SETTINGS = {"loss.loss_weight.class": NON_NEGATIVE, "loss.loss_weight.iou": NON_NEGATIVE,
+                "loss.loss_weight.dfl": NON_NEGATIVE, "loss.static_assigner_epoch": COUNT_OR_ZERO,
+                "loss.atss_topk": COUNT, "loss.tal_topk": COUNT, "loss.tal_alpha": NON_NEGATIVE,
+                "loss.tal_beta": NON_NEGATIVE, "nms.score_threshold": PROBABILITY, "nms.nms_threshold": PROBABILITY}
 
     def __init__(self, num_classes: int, loss: dict | None = None, nms: dict | None = None,
                  mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), rgb: bool = True):
@@ -52,10 +111,9 @@ class PPYOLOETask:
         except TypeError as e:  # unknown keyword: name the config key it came from
             raise ValueError(f"model.task.loss: {e}") from e
         self.nms = task_kwargs(nms, "nms")
-        bad = set(self.nms) - {"score_threshold", "nms_top_k", "keep_top_k", "nms_threshold"}
+        bad = set(self.nms) - set(NMS_KEYS)
         if bad:
-            raise ValueError(f"model.task.nms: unknown keys {sorted(bad)} (expected score_threshold, "
-                             "nms_top_k, keep_top_k, nms_threshold)")
+            raise ValueError(f"model.task.nms: unknown keys {sorted(bad)} (expected {', '.join(NMS_KEYS)})")
         self.num_classes = int(num_classes)
         self.viewable = Denormalize(mean, std, rgb)
         self._metric: COCOMetric | None = None
@@ -93,15 +151,17 @@ class PPYOLOETask:
         self.class_names = list(getattr(val_set, "class_names", self.class_names))
 
     @paddle.no_grad()
-    def eval_stats(self, model, batch) -> dict[str, float]:
+    def eval_stats(self, model, batch, predictions: list | None = None) -> dict[str, float]:
         """Add the batch's detections to the metric; count images (the only additive statistic)."""
         if self._metric is None:
             raise RuntimeError("PPYOLOETask.eval_stats before begin_eval(val_set)")
-        predictions = self.predict(model, batch)
+        predicted = self.predict(model, batch)
+        if predictions is not None:
+            predictions.extend(predicted)
         im_ids = as_numpy(batch["im_id"]).reshape(-1)
-        for im_id, (boxes, scores, labels) in zip(im_ids, predictions):
+        for im_id, (boxes, scores, labels) in zip(im_ids, predicted):
             self._metric.update(int(im_id), boxes, scores, labels)
-        return {"num_images": float(len(predictions))}
+        return {"num_images": float(len(predicted))}
 
     def compute_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Gather every rank's detections and run COCOeval: mAP (AP@[.5:.95]), AP50, AP75, by size."""
@@ -165,3 +225,34 @@ class PPYOLOETask:
             cv2.imwrite(str(path), image)
             paths.append(path)
         return paths
+
+    # ---- export ---------------------------------------------------------------------------------
+    def deploy_module(self, net: nn.Layer) -> nn.Layer:
+        """PaddleDetection's deploy graph: (image, scale_factor) in, boxes after NMS out."""
+        return PPYOLOEDeploy(net, self.nms)
+
+    def checked_module(self, net: nn.Layer) -> nn.Layer:
+        """The network itself: the deploy graph takes ``scale_factor`` too, which the evaluation does
+        not feed, and :meth:`predict` runs the same clipping and NMS in NumPy (tests/test_export_ppyoloe.py
+        holds the two to the same boxes)."""
+        return net
+
+    def agreement(self, fp32_predictions, low_predictions, min_score: float = 0.0) -> dict:
+        """Share of FP32 boxes scoring at least ``min_score`` (the client's draw threshold) matched by
+        a box of the same class at IoU >= 0.9, largest score difference."""
+        return box_agreement(fp32_predictions, low_predictions, min_score)
+
+    def metric_unit(self, n_images: int, sums: dict[str, float], val_set) -> tuple[float, str]:
+        """One box of the rarest category: ``100 / (C x G_min)`` pp, C the categories with ground truth
+        in ``val_set`` and G_min the boxes of the rarest (COCO averages AP over categories; one box
+        moves its category's AP by at most 1 / G_c)."""
+        coco = val_set.coco
+        ids = [int(i) for i in getattr(val_set, "im_ids", coco.getImgIds())]
+        per_cat: dict[int, int] = {}
+        for ann in coco.loadAnns(coco.getAnnIds(imgIds=ids, iscrowd=False)):
+            per_cat[ann["category_id"]] = per_cat.get(ann["category_id"], 0) + 1
+        if not per_cat:
+            return float("inf"), "no ground-truth boxes"
+        rarest = min(per_cat.values())
+        return 100.0 / (len(per_cat) * rarest), (f"one box of the rarest of {len(per_cat)} categories "
+                                                 f"({rarest} boxes; {sum(per_cat.values())} in all)")

@@ -3,7 +3,8 @@
 Train batches hold ``image`` and the four DB label maps; eval batches hold ``image`` (resized),
 ``shape`` (src_h, src_w, ratio_h, ratio_w), ``polys`` [N, P, 4, 2] in source pixels (zero-padded),
 ``ignore`` [N, P] and ``num_polys`` [N]. The model returns ``{"maps": [N, 3, H, W]}`` in train
-mode and ``{"maps": [N, 1, H, W]}`` in eval mode; the engine switches the mode.
+mode and ``{"maps": [N, 1, H, W]}`` in eval mode; the engine switches the mode. The export saves
+the bare shrink map (:class:`DBProbabilityMap`). The Task contract: zoo/tasks/base.py.
 """
 from __future__ import annotations
 
@@ -13,17 +14,35 @@ from pathlib import Path
 import cv2
 import numpy as np
 import paddle
+from paddle import nn
 
 from zoo.losses import DBLoss
+from zoo.metrics.agreement import polygon_agreement
 from zoo.metrics.bootstrap import bootstrap_hmean, hmean_from_sums
 from zoo.metrics.det_iou import DetectionIoUEvaluator, sum_counts
 from zoo.postprocess import DBPostProcess, draw_detections
 from zoo.postprocess.draw import DET_COLOR, GT_COLOR, IGNORED_COLOR, with_legend
+from zoo.tasks.base import Task
 from zoo.tasks.common import Denormalize, as_numpy, predict_in_eval_mode, task_kwargs
 from zoo.utils import distributed as dist
+from zoo.utils.checks import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY
+
+__all__ = ["DBProbabilityMap", "DBTask"]
 
 
-class DBTask:
+class DBProbabilityMap(nn.Layer):
+    """A DB net in eval mode returning the bare ``[N, 1, H, W]`` shrink map (PaddleX reads output 0)."""
+
+    def __init__(self, net: nn.Layer):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        out = self.net(x)
+        return out["maps"] if isinstance(out, Mapping) else out
+
+
+class DBTask(Task):
     """Differentiable Binarization training and ICDAR-IoU evaluation.
 
     Args:
@@ -35,7 +54,11 @@ class DBTask:
         rgb: the batch images are RGB (they are converted to BGR for drawing); PaddleOCR decodes BGR.
     """
 
+    kind = "text_detection"
     primary_metric = "hmean"
+    SETTINGS = {"loss.alpha": NON_NEGATIVE, "loss.beta": NON_NEGATIVE, "loss.ohem_ratio": POSITIVE,
+                "postprocess.thresh": PROBABILITY, "postprocess.box_thresh": PROBABILITY,
+                "postprocess.unclip_ratio": POSITIVE, "postprocess.max_candidates": COUNT}
 
     def __init__(self, loss: dict | None = None, postprocess: dict | None = None,
                  iou_constraint: float = 0.5, area_precision_constraint: float = 0.5,
@@ -70,12 +93,14 @@ class DBTask:
         return [(polys[i, :n], ignore[i, :n].astype(bool)) for i, n in enumerate(counts)]
 
     @paddle.no_grad()
-    def eval_stats(self, model, batch) -> dict[str, float]:
+    def eval_stats(self, model, batch, predictions: list | None = None) -> dict[str, float]:
         """Summed ``gt_care``, ``det_care``, ``matched`` and ``num_images`` for one batch."""
-        predictions = self.predict(model, batch)
+        predicted = self.predict(model, batch)
+        if predictions is not None:
+            predictions.extend(predicted)
         gts = self._ground_truth(batch)
         per_image = [self.evaluator.evaluate_image(gt, ign, boxes)
-                     for (gt, ign), (boxes, _) in zip(gts, predictions)]
+                     for (gt, ign), (boxes, _) in zip(gts, predicted)]
         self._counts.extend((c["gt_care"], c["det_care"], c["matched"]) for c in per_image)
         return {**sum_counts(per_image), "num_images": float(len(gts))}
 
@@ -104,7 +129,6 @@ class DBTask:
     def n_evaluated_images(self) -> int:
         return len(self._counts)
 
-
     @paddle.no_grad()
     def draw(self, model, batch, out_dir, prefix: str = "det", caption: str = "") -> list[Path]:
         """Write ``<out_dir>/<prefix>_<i>.png`` per image: GT green, ignored GT red, detections blue,
@@ -130,3 +154,21 @@ class DBTask:
             cv2.imwrite(str(path), image)
             paths.append(path)
         return paths
+
+    # ---- export ---------------------------------------------------------------------------------
+    def deploy_module(self, net: nn.Layer) -> nn.Layer:
+        """The bare shrink map: PaddleOCR's and PaddleX's clients run DBPostProcess themselves."""
+        return DBProbabilityMap(net)
+
+    def agreement(self, fp32_predictions, low_predictions, min_score: float = 0.0) -> dict:
+        """Share of FP32 text boxes matched at IoU >= 0.9, largest box-score difference. Every box
+        counts: the post-processing's ``box_thresh`` has already dropped what a client would not show."""
+        return polygon_agreement(fp32_predictions, low_predictions)
+
+    def metric_unit(self, n_images: int, sums: dict[str, float], val_set) -> tuple[float, str]:
+        """One text box: ``200 / (G + D)`` pp, G the ground-truth and D the detected boxes (``sums``'
+        gt_care and det_care): hmean = 2 M / (G + D), and one box matched or not moves M by one."""
+        g, d = float(sums.get("gt_care", 0)), float(sums.get("det_care", 0))
+        if g + d <= 0:
+            return float("inf"), "no text boxes"
+        return 200.0 / (g + d), f"one text box ({g:.0f} in the ground truth, {d:.0f} detected in FP32)"

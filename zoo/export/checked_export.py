@@ -1,4 +1,4 @@
-"""The precision guard inside ``tools/export.py``: settings from the config, the deployment to check,
+"""The precision check inside ``tools/export.py``: settings from the config, the deployment to check,
 and the files it leaves: ``precision_report.json``, ``precision_layers.png`` and a block in the
 client yml that says how to load the export in fp16 / bf16 with its keep-list."""
 from __future__ import annotations
@@ -13,20 +13,19 @@ from omegaconf import OmegaConf
 from zoo.engine.run import build
 from zoo.engine.runinfo import git_revision
 from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError
-from zoo.export.guard import CheckSettings, Deployment, PrecisionRefused, check_precision_export
-from zoo.export.inference import ClassifierProbs, DBProbabilityMap
 from zoo.export.layers import plot
 from zoo.export.precision import PRECISIONS
+from zoo.export.precision_check import CheckSettings, Deployment, PrecisionRefused, check_precision_export
 
-__all__ = ["GUARD_FILES", "PLOT", "REPORT", "YML_KEY", "consumer_notes", "guard_mode", "run_guard", "skipped_report",
-           "write_report", "yml_block"]
+__all__ = ["CHECK_FILES", "PLOT", "REPORT", "YML_KEY", "check_mode", "consumer_notes", "run_precision_check",
+           "skipped_report", "write_report", "yml_block"]
 
 REPORT, PLOT = PRECISION_REPORT, PRECISION_PLOT
-GUARD_FILES = (REPORT, PLOT)
+CHECK_FILES = (REPORT, PLOT)
 YML_KEY = "ampzoo_precision"  # clients ignore it; it says what to pass them
 
 
-def guard_mode(value) -> bool:
+def check_mode(value) -> bool:
     """``export.guard``: on (true) or off (false)."""
     text = str(value).lower()
     if text not in ("on", "off", "true", "false"):
@@ -44,13 +43,13 @@ def _settings(cfg) -> CheckSettings:
     return CheckSettings(**raw)
 
 
-def _deployment(cfg, model, kind: str) -> Deployment:
-    """The network as the export writes it, its task and the validation split of ``data=``."""
+def _deployment(cfg, model, task) -> Deployment:
+    """The network the task says the check evaluates, fresh tasks, and the validation split of ``data=``."""
     data = build(cfg.data.builder, "data.builder")
     val_set = data.build("val", cfg.seed)
-    net = {"db": DBProbabilityMap, "classification": ClassifierProbs}.get(kind, lambda m: m)(model)
+    net = task.checked_module(model)
     net.eval()
-    return Deployment(net, kind, lambda: build(cfg.model.task, "model.task"), val_set,
+    return Deployment(net, lambda: build(cfg.model.task, "model.task"), val_set,
                       int(cfg.model.eval_batch_size), float(cfg.export.get("draw_threshold", 0.5)))
 
 
@@ -112,11 +111,12 @@ def write_report(report: dict, folder: Path) -> Path:
     return path
 
 
-def run_guard(cfg, model, kind: str, precision: str, refused_dir: Path, log=print) -> dict:
-    """The check for ``export.precision=precision``; on refusal the report goes to ``refused_dir`` and
+def run_precision_check(cfg, model, task, precision: str, refused_dir: Path, log=print) -> dict:
+    """The check for ``export.precision=precision`` of ``model`` as ``task`` (built from
+    ``cfg.model.task``) deploys it; on refusal the report goes to ``refused_dir`` and
     :class:`PrecisionRefused` names it."""
     settings = _settings(cfg)
-    dep = _deployment(cfg, model, kind)
+    dep = _deployment(cfg, model, task)
     try:
         report = check_precision_export(dep, precision, PRECISIONS[precision], settings, log)
     except PrecisionRefused as refused:

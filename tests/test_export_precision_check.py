@@ -1,4 +1,4 @@
-"""The export-time precision guard (zoo/export/guard.py, deployed.py, layers.py, verdict.py):
+"""The export-time precision check (zoo/export/precision_check.py, deployed.py, layers.py, verdict.py):
 hand-checked numerics, the paired bootstrap on a known case, the keep-list search, and the
 tools/export.py cases of issue 25 (equivalent ResNet with an empty keep-list, a DB whose conv
 overflows fp16 fixed by a keep-list, a refusal with exit 1, bf16 of all three families)."""
@@ -16,7 +16,8 @@ from zoo.amp.emulation import is_low
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, consumer_black_list, fold_batch_norms
 from zoo.export.layers import compare, first_nonfinite, record
 from zoo.export.search import candidates
-from zoo.export.verdict import box_agreement, paired_difference, verdict
+from zoo.export.verdict import paired_difference, verdict
+from zoo.metrics.agreement import box_agreement
 
 EXPORT = str(ROOT / "tools" / "export.py")
 

@@ -1,4 +1,4 @@
-"""The export-time precision guard: will this network keep its accuracy in fp16 / bf16, and which
+"""The export-time precision check: will this network keep its accuracy in fp16 / bf16, and which
 ops must stay fp32 for it to?
 
 For ``export.precision=fp16|bf16``, :func:`check_precision_export`:
@@ -15,9 +15,13 @@ For ``export.precision=fp16|bf16``, :func:`check_precision_export`:
    types ordered by harm, within ``export.check.max_keep`` ops and ``max_evaluations`` evaluations.
    If nothing is equivalent, the export is refused (:class:`PrecisionRefused`, exit status 1).
 
+Nothing here depends on the family: the task says what differs (the Task contract, zoo/tasks/base.py):
+which network is evaluated (``checked_module``), its predictions (``eval_stats(..., predictions)``),
+how alike two sets of them are (``agreement``) and the metric's smallest step (``metric_unit``).
+
 The keep-list is a list of op types, because that is what Paddle Inference
 (``exp_disable_mixed_precision_ops``) and TensorRT (``ops_run_float`` / ``disable_ops``) accept.
-The report's content is assembled in zoo/export/guard_report.py.
+The report's content is assembled in zoo/export/precision_report.py.
 """
 from __future__ import annotations
 
@@ -33,18 +37,17 @@ from zoo.engine.evaluate import evaluate
 from zoo.export.common import ExportError
 from zoo.export.compute import WARN_SHARE, compute_share
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, fold_batch_norms
-from zoo.export.guard_report import build_report, refusal
 from zoo.export.layers import Recorder, compare
-from zoo.export.resolution import margin_rule, unit_of
+from zoo.export.precision_report import build_report, refusal
+from zoo.export.resolution import margin_rule
 from zoo.export.search import candidates, search_keep_list
-from zoo.export.verdict import box_agreement, class_agreement, paired_difference, polygon_agreement, verdict
+from zoo.export.verdict import paired_difference, verdict
 from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, PROBABILITY, Bound, check
 
 __all__ = ["CheckSettings", "Deployment", "PrecisionRefused", "candidates", "check_precision_export",
            "search_keep_list"]
 
 DEFAULT_MARGINS = {"top1": 0.2, "hmean": 0.3, "mAP": 0.3}
-MAX_MAP_RESAMPLES = 200  # COCOeval's accumulate runs once per replicate
 
 
 class PrecisionRefused(RuntimeError):
@@ -107,14 +110,13 @@ class _Precision:
 
 @dataclass
 class Deployment:
-    """The network as exported, and how to evaluate it: ``kind`` is db, classification or ppyoloe."""
+    """The network the check evaluates (the task's ``checked_module``) and how to evaluate it."""
 
-    net: paddle.nn.Layer           # the exported forward (DBProbabilityMap / ClassifierProbs / the PP-YOLOE)
-    kind: str
-    make_task: object              # () -> a fresh task
+    net: paddle.nn.Layer           # DB's shrink map, the classifier's softmax, the PP-YOLOE before its in-graph NMS
+    make_task: object              # () -> a fresh task (each evaluation keeps its own per-image outcomes)
     val_set: object
     batch_size: int
-    draw_threshold: float = 0.5
+    draw_threshold: float = 0.5    # detections below it do not count in the agreement (the client hides them)
 
     def forward(self, net, batch):
         return net(batch["image"])
@@ -124,51 +126,20 @@ class Deployment:
 class _Evaluation:
     metrics: dict
     task: object        # holds the per-image outcomes (paired_difference)
-    preds: list         # the predictions, for agreement
+    preds: list         # each image's prediction (the task's predict), for agreement
     sums: dict          # the task's summed eval_stats (DB: gt_care, det_care, matched)
     numerics: dict      # images with non-finite outputs (zoo/amp/nonfinite.py)
     recorder: Recorder
 
 
 def _evaluate(dep: Deployment, net, emulation, recorder: Recorder) -> _Evaluation:
-    """One evaluation of the split, every forward recorded by ``recorder``."""
+    """One evaluation of the split, every forward recorded by ``recorder``; the task hands over its
+    predictions through the evaluation (the Task contract's ``eval_stats(..., predictions)``)."""
     task = dep.make_task()
     preds: list = []
-    sums: dict = {}
-    hook = None
-    if dep.kind == "classification":
-        hook = net.register_forward_post_hook(lambda _l, _i, out: preds.append(out.astype("float32").numpy()))
-    else:
-        predict = task.predict
-
-        def recording(model, batch):
-            out = predict(model, batch)
-            preds.extend(out)
-            return out
-        task.predict = recording
-    stats = task.eval_stats
-
-    def summing(model, batch):
-        out = stats(model, batch)
-        for k, v in out.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        return out
-    task.eval_stats = summing
-    try:
-        with recorder:
-            metrics = evaluate(net, task, _Precision(emulation), dep.val_set, dep.batch_size)
-    finally:
-        if hook is not None:
-            hook.remove()
-    return _Evaluation(dict(metrics), task, preds, sums, metrics.numerics, recorder)
-
-
-def _agreement(dep: Deployment, ref_preds, low_preds) -> dict:
-    if dep.kind == "classification":
-        return class_agreement(ref_preds, low_preds)
-    if dep.kind == "db":
-        return polygon_agreement(ref_preds, low_preds)
-    return box_agreement(ref_preds, low_preds, dep.draw_threshold)
+    with recorder:
+        result = evaluate(net, task, _Precision(emulation), dep.val_set, dep.batch_size, predictions=preds)
+    return _Evaluation(dict(result), task, preds, result.sums, result.numerics, recorder)
 
 
 class _Trial:
@@ -187,8 +158,8 @@ class _Trial:
         share = compute_share(rec.calls)
         result = {"keep": list(keep), "metrics": ev.metrics, **diff, "metric_verdict": on_metric,
                   "verdict": "different" if bad else on_metric, "nonfinite": ev.numerics,
-                  "agreement": _agreement(self.dep, self.ref.preds, ev.preds), "compute": share,
-                  "fp32_share": share["fp32_share"], "_recorder": rec if values else None}
+                  "agreement": self.ref.task.agreement(self.ref.preds, ev.preds, self.dep.draw_threshold),
+                  "compute": share, "fp32_share": share["fp32_share"], "_recorder": rec if values else None}
         self.log(f"  keep fp32 {list(keep) or '[]'}: {self.ref.task.primary_metric} {diff['delta_pp']:+.2f} pp, "
                  f"{100 * self.level:.0f}% CI [{diff['ci_pp'][0]:+.2f}, {diff['ci_pp'][1]:+.2f}]"
                  f"{'; ' + bad if bad else ''}; {100 * share['fp32_share']:.0f} % of compute fp32 -> {result['verdict']}")
@@ -214,7 +185,7 @@ def _require_finite_fp32(ref: _Evaluation, precision: str) -> None:
 
 def check_precision_export(dep: Deployment, precision: str, dtype: str, settings: CheckSettings,
                            log=print) -> dict:
-    """Run the guard (module docstring); returns the report (``precision_report.json``'s content).
+    """Run the check (module docstring); returns the report (``precision_report.json``'s content).
     Raises :class:`PrecisionRefused` (the report attached as ``.report``) when no keep-list works."""
     t0 = time.time()
     folded, n_folded = fold_batch_norms(dep.net, next(_batches(dep, 1))["image"], lambda n, x: n(x))
@@ -222,9 +193,9 @@ def check_precision_export(dep: Deployment, precision: str, dtype: str, settings
     ref = _evaluate(dep, folded, None, Recorder(folded, dtype, cap))
     _require_finite_fp32(ref, precision)
     metric, n = ref.task.primary_metric, ref.task.n_evaluated_images()
-    rule = margin_rule(metric, settings.margin_for(metric), *unit_of(dep.kind, n, ref.sums, dep.val_set), n,
+    rule = margin_rule(metric, settings.margin_for(metric), *ref.task.metric_unit(n, ref.sums, dep.val_set), n,
                        settings.level)
-    resamples = min(settings.resamples, MAX_MAP_RESAMPLES) if metric == "mAP" else settings.resamples
+    resamples = min(settings.resamples, getattr(ref.task, "max_resamples", None) or settings.resamples)
     log(f"precision check: {metric} of the FP32 export {100 * ref.metrics[metric]:.2f} on {n} images; "
         f"deployed {precision} emulated (zoo/export/deployed.py)")
     if rule["note"]:

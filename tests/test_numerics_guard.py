@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from zoo.amp import Amp, DeviceInfo
-from zoo.amp.guard import NumericsGuard, NumericsGuardStop
+from zoo.amp.numerics_guard import NumericsGuard, NumericsGuardStop
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.metrics_log import read_metrics
 from zoo.diagnostics.nonfinite_step import locate_and_describe

@@ -1,4 +1,4 @@
-"""What the precision guard says: ``precision_report.json``'s content, the refusal line, the summary in
+"""What the precision check says: ``precision_report.json``'s content, the refusal line, the summary in
 ``export.json`` and the console lines of ``tools/export.py``.
 
 Every one of them names, besides the verdict, what a reader needs to trust it: the margin used and

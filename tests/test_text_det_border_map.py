@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pyclipper
 import pytest
-from test_det_data import _random_quads  # noqa: E402  (the label tests' random quads)
+from test_text_det_data import _random_quads  # noqa: E402  (the label tests' random quads)
 
 from zoo.bench.labels import _random_quads as bench_quads
 from zoo.bench.labels import benchmark_labels

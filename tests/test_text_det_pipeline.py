@@ -5,7 +5,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from test_det_data import _write_root
+from test_text_det_data import _write_root
 
 from zoo.data.images import read_image_bgr, read_image_rgb
 from zoo.data.transforms import normalize_chw
@@ -62,7 +62,7 @@ def test_normalize_on_rejects_other_values(tmp_path):
 # ---------------------------------------------------------------- geometry in one warp (item 1)
 
 def _scene(seed, h=150, w=200):
-    from test_det_data import _poly_image
+    from test_text_det_data import _poly_image
 
     rng = np.random.default_rng(100 + seed)
     polys = []
@@ -97,7 +97,7 @@ def test_one_warp_gives_the_sequential_polygons_and_almost_the_image(seed):
     diff = np.abs(one_s.astype(int) - seq_s.astype(int))[inner]
     assert diff.mean() < 0.8 and np.percentile(diff, 99) <= 3, (diff.mean(), np.percentile(diff, 99))
     # On the sharp scene: the polygons lie on their text in the warped image (content lands with them).
-    from test_det_data import _poly_image
+    from test_text_det_data import _poly_image
 
     def overlap(image, quads):  # IoU of the drawn polygons with the bright (text) pixels
         drawn, bright = _poly_image(quads, 96, 96)[..., 0] > 0, image[..., 0] > 200
