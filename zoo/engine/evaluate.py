@@ -53,7 +53,7 @@ def evaluate(model, task, amp, val_set, batch_size: int, num_workers: int = 0,
                             disable=not (progress and dist.is_main()))
     low = bool(getattr(amp, "active", False) or getattr(amp, "emulation", None) is not None)
     with paddle.no_grad(), amp.autocast(), NonFiniteWatch(dist.unwrap(model), layers=low) as watch:
-        for indices, batch in zip(sampler, batches):
+        for batch, indices in zip(batches, sampler):  # batches first: its bar ends when it runs out
             if stop is not None:
                 stop.check()
             watch.begin_batch(indices)
