@@ -88,7 +88,8 @@ class OpRecord:
 
 class LayerNames:
     """Which sublayer is running: forward pre/post hooks on every sublayer keep a stack of
-    ``(name, type)``; :attr:`current` is the innermost. ``with LayerNames(model) as names:``."""
+    ``(name, type)``; :attr:`current` is the innermost. ``with LayerNames(model) as names:``.
+    A layer with ``zoo_name`` / ``zoo_kind`` attributes is named by them instead."""
 
     def __init__(self, model):
         self.model = model
@@ -110,7 +111,11 @@ class LayerNames:
 
     def __enter__(self):
         for name, layer in self.model.named_sublayers():
-            self._hooks.append(layer.register_forward_pre_hook(self._push(name, type(layer).__name__)))
+            # a layer may name itself (zoo/deploy/interpreter.py: one layer per program op, named by
+            # the program variable it writes, its kind the op type)
+            name = getattr(layer, "zoo_name", None) or name
+            kind = getattr(layer, "zoo_kind", None) or type(layer).__name__
+            self._hooks.append(layer.register_forward_pre_hook(self._push(name, kind)))
             self._hooks.append(layer.register_forward_post_hook(self._pop))
         return self
 
