@@ -142,7 +142,8 @@ def test_paddledetection_infer_cfg(tmp_path):
     cfg = ppyoloe_infer_cfg(640, MEAN.tolist(), STD.tolist(), ["cat", "dog"], draw_threshold=0.4)
     _write(tmp_path / "infer_cfg.yml", cfg)
     pre, kind, _ = build_preprocess(tmp_path)
-    assert kind == "det" and pre.postprocess["draw_threshold"] == 0.4 and pre.postprocess["label_list"] == ["cat", "dog"]
+    assert kind == "det" and pre.postprocess["draw_threshold"] == 0.4
+    assert pre.postprocess["label_list"] == ["cat", "dog"]
     img = _image(100, 150)
     ours, preset = pre(img)[0], build_preprocess("", "ppyoloe")[0](img)[0]
     np.testing.assert_allclose(ours["image"], preset["image"], atol=1e-6)

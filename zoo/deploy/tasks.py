@@ -179,7 +179,8 @@ class TextRecTask(DeployTask):
         keep &= idx != 0
         seq = tuple(int(i) for i in idx[keep])
         text = None if table is None else "".join(table[i] for i in seq)
-        return {"seq": seq, "text": text, "step_max": best, "confidence": float(best[keep].mean()) if keep.any() else 0.0,
+        confidence = float(best[keep].mean()) if keep.any() else 0.0  # PaddleOCR's score: mean kept max-prob
+        return {"seq": seq, "text": text, "step_max": best, "confidence": confidence,
                 "nonfinite": not _finite(probs)}
 
     def agree(self, fp32_pred, low_pred):
