@@ -19,6 +19,7 @@ LAYERS = (
     ("engine",),
     ("diagnostics",),
     ("export", "report", "bench"),
+    ("deploy",),
 )
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 # ``import zoo`` (create_model, list_models) is the facade of zoo.models: the models layer.
