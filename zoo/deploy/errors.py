@@ -9,5 +9,6 @@ from __future__ import annotations
 __all__ = ["DeployError"]
 
 
-class DeployError(Exception):
-    """Bad input to the deploy check: the message names the path or key and what was expected."""
+class DeployError(ValueError):
+    """Bad input to the deploy check: the message names the path or key and what was expected. A
+    ValueError, so the tools print it as one ``error:`` line with exit status 2 (tools/_entry.py)."""

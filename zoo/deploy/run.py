@@ -1,0 +1,107 @@
+"""``tools/deploy_check.py`` from its config: load the program, prepare the images, check each precision,
+write the report (zoo/deploy/check.py says what is checked, zoo/deploy/report.py what is written)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from zoo.deploy.check import CheckSettings, Inputs, check_precision, run_pass
+from zoo.deploy.errors import DeployError
+from zoo.engine.runinfo import git_revision
+
+__all__ = ["DeployRefused", "parse_precisions", "run_deploy_check"]
+
+
+class DeployRefused(Exception):
+    """At least one precision has no equivalent keep-list: the tool prints this and exits 1."""
+
+
+def parse_precisions(value) -> list[str]:
+    """``fp16``, ``bf16``, ``fp16,bf16`` or a list of them."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = [str(p).strip().lower() for p in items if str(p).strip()]
+    bad = [p for p in out if p not in ("fp16", "bf16")]
+    if bad or not out:
+        raise DeployError(f"precision: expected fp16, bf16 or fp16,bf16, got {value!r}")
+    return list(dict.fromkeys(out))
+
+
+def _settings(check) -> CheckSettings:
+    known = CheckSettings.__dataclass_fields__
+    extra = sorted(set(check) - set(known))
+    if extra:
+        raise DeployError(f"check.{extra[0]}: no such setting; known: {', '.join(sorted(known))}")
+    return CheckSettings(**{k: check[k] for k in check})
+
+
+def prepare_inputs(paths, preprocess, feeds) -> Inputs:
+    """Every image through the model's preprocessing, once."""
+    from zoo.deploy.inputs import read_image
+
+    prepared, metas = [], []
+    for path in tqdm(paths, desc="images", leave=False, disable=len(paths) < 4):
+        f, meta = preprocess(read_image(path))
+        prepared.append(f)
+        metas.append(meta)
+    return Inputs(list(paths), prepared, metas, list(feeds))
+
+
+def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
+    """The whole check (``cfg``: configs/deploy_check.yaml); returns the report. Raises
+    :class:`DeployRefused` after writing it when a precision is refused."""
+    from zoo.deploy.inputs import list_images
+    from zoo.deploy.interpreter import ProgramNet
+    from zoo.deploy.preprocess import build_preprocess
+    from zoo.deploy.program import fold_batch_norms, load_program
+    from zoo.deploy.report import REPORT, verdict_line, write_outputs
+    from zoo.deploy.tasks import build_task
+
+    t0 = time.time()
+    precisions = parse_precisions(cfg.precision)
+    settings = _settings(dict(cfg.check))
+    model_dir = Path(str(cfg.model_dir)).expanduser()
+    program = load_program(model_dir)
+    folded, n_folded = fold_batch_norms(program)
+    net = ProgramNet(folded)
+    net.eval()
+    preprocess, kind, source = build_preprocess(model_dir, cfg.get("preset"), task=cfg.get("task"))
+    preprocess = preprocess.for_feeds(folded.feeds)
+    task = build_task(kind, postprocess=preprocess.postprocess, character_dict=cfg.get("character_dict"))
+    paths = list_images(str(cfg.images))
+    if cfg.get("max_images") and len(paths) > int(cfg.max_images):
+        log(f"note: {len(paths)} images given, checking the first {int(cfg.max_images)} (max_images=)")
+        paths = paths[:int(cfg.max_images)]
+    inputs = prepare_inputs(paths, preprocess, folded.feeds)
+    log(f"deploy check: {model_dir} ({program.source}, {len(program.ops)} ops, {n_folded} BatchNorms folded as "
+        f"Paddle Inference does), task {kind} ({source}), {len(paths)} images")
+
+    report = {"model_dir": str(model_dir), "program": {"format": program.source, "ops": len(program.ops),
+                                                        "batch_norms_folded": n_folded, "feeds": folded.feeds,
+                                                        "fetches": folded.fetches},
+              "task": kind, "preprocess": source, "images": [str(p) for p in paths], "precisions": {}}
+    lines = []
+    for precision in precisions:
+        log(f"{precision}: FP32 and the {precision} deployment, op by op")
+        ref = run_pass(net, task, inputs, {"fp16": "float16", "bf16": "bfloat16"}[precision])
+        bad = [i for i, n in enumerate(ref.nonfinite) if n]
+        if bad:
+            raise DeployError(f"the FP32 model itself outputs inf/NaN on {len(bad)} image(s) (first: {paths[bad[0]]}, "
+                              f"at {next(iter(ref.nonfinite[bad[0]]))}): nothing to compare {precision} with")
+        section = check_precision(net, folded, task, inputs, precision, settings, ref=ref, log=log)
+        section["fp32_seconds"] = ref.seconds
+        report["precisions"][precision] = section
+        lines.append(verdict_line(section))
+    report["seconds"] = time.time() - t0
+    report["git_revision"] = git_revision()
+    path = write_outputs(report, out_dir, model_dir)
+    for line in lines:
+        log(line)
+    log(f"report: {path} ({time.time() - t0:.0f} s)")
+    refused = [p for p, s in report["precisions"].items() if s["verdict"] == "refused"]
+    if refused:
+        raise DeployRefused(f"{', '.join(refused)}: no keep-list within check.max_keep={settings.max_keep} and "
+                            f"check.max_evaluations={settings.max_evaluations} keeps the predictions of FP32; "
+                            f"report: {out_dir / REPORT}")
+    return report
