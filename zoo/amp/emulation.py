@@ -131,9 +131,39 @@ def canonical(op: str) -> str:
     return ALIASES.get(op, op)
 
 
+# At or below this magnitude IEEE fp16 rounds to zero (2**-25 itself ties to even, 0). Paddle 3.3.1's CPU
+# float32 -> float16 cast gets part of that range wrong: values of about 2e-27 to 5e-24 (binary
+# exponents -89 to -78) come back 2**64 times larger (1e-25 -> 1.85e-6, 5e-24 -> 9.2e-5) where a
+# GPU and NumPy give 0. So every emulated fp16 rounding flushes them first; bf16's cast is right.
+FP16_FLUSH = 2.0 ** -25
+
+
+def _flush_tiny(x: paddle.Tensor) -> paddle.Tensor:
+    """``x`` with magnitudes below :data:`FP16_FLUSH` set to 0 (NaN and inf kept): hardshrink is one
+    kernel (``abs``/``where`` would be three); 2**-25 itself is kept, and Paddle's cast rounds it right."""
+    return _C_ops.hardshrink(x, FP16_FLUSH)
+
+
+class _Round16(PyLayer):
+    """fp16 rounding (and of the gradient), as ``x.astype(float16).astype(float32)`` differentiates
+    but with :func:`_flush_tiny` before each cast."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _flush_tiny(x).astype("float16").astype(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _flush_tiny(grad).astype("float16").astype(grad.dtype)
+
+
 def round_to(x: paddle.Tensor, dtype: str) -> paddle.Tensor:
-    """``x`` rounded to ``dtype`` and back to fp32 (differentiable; tagged as low precision)."""
-    out = x.astype(dtype).astype(x.dtype)
+    """``x`` rounded to ``dtype`` and back to fp32 (differentiable: the gradient is rounded the same
+    way; tagged as low precision)."""
+    if dtype == "float16":
+        out = _Round16.apply(x) if not x.stop_gradient else _cast2(x, dtype)
+    else:
+        out = x.astype(dtype).astype(x.dtype)
     setattr(out, _TAG, True)
     return out
 
@@ -145,7 +175,12 @@ def _tag(t):
 
 
 def _cast2(x, dtype, on=True):
-    return x.astype(dtype).astype(x.dtype) if on else x
+    """``x`` rounded to ``dtype`` and back, not differentiated (inside a PyLayer or under no_grad)."""
+    if not on:
+        return x
+    if dtype == "float16":
+        x = _flush_tiny(x)
+    return x.astype(dtype).astype(x.dtype)
 
 
 class _LowUnary(PyLayer):
@@ -267,7 +302,7 @@ def round_parameter_grads(params, dtype: str) -> bool:
         g = p.grad
         if g is None:
             continue
-        r = g.astype(dtype).astype(g.dtype)
+        r = _cast2(g, dtype)
         bad = bad or not bool(paddle.isfinite(r).all())
         g.set_value(r)
     return bad
