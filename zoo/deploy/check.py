@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import paddle
@@ -41,7 +40,7 @@ from zoo.deploy.agreement import DEFAULT_MARGINS_PCT, agreement_verdict, paired_
 from zoo.deploy.errors import DeployError
 from zoo.export.compute import compute_share, share_warning
 from zoo.export.deployed import DEFAULT_BLACK_LIST, DeployedEmulation, consumer_black_list
-from zoo.export.layers import Recorder, compare, first_nonfinite, first_overflow, harm
+from zoo.export.layers import Recorder, compare, first_overflow, harm
 from zoo.export.search import candidates, search_keep_list
 
 __all__ = ["CheckSettings", "Inputs", "check_precision", "run_pass"]
@@ -225,7 +224,12 @@ def lost_text(step: dict, unit: str, level: float) -> str:
     if step["lost_pct"] is None:
         return f"no {unit} in FP32 on any image: nothing to compare"
     lo, hi = step["ci_pct"]
-    return f"{step['lost_pct']:.2f} % of {step['units']} {unit}s lost ({100 * level:.0f}% CI [{lo:.2f}, {hi:.2f}])"
+    return f"{step['lost_pct']:.2f} % of {step['units']} {plural(unit)} lost ({100 * level:.0f}% CI [{lo:.2f}, {hi:.2f}])"
+
+
+def plural(unit: str) -> str:
+    """``FP32 text box`` -> ``FP32 text boxes``, ``image`` -> ``images``."""
+    return unit + ("es" if unit.endswith(("x", "s")) else "s")
 
 
 def _named_candidates(rows: list[dict], keep_types, limit: int) -> list[str]:

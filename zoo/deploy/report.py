@@ -38,8 +38,10 @@ def verdict_line(section: dict) -> str:
     bad = f"; {first['nonfinite_images']} image(s) met inf/NaN, first at {first['first_nonfinite']}" \
         if first["nonfinite_images"] else ""
     worst = section["worst_ops"][0] if section["worst_ops"] else None
-    worst_s = (f"; worst op {worst['key']} (rel err {_g(worst['rel_err'])}, max|x| {worst['max_abs']:.3g}"
-               f"{f', {100 * worst['overflow']:.2g} % overflow' if worst['overflow'] else ''})") if worst else ""
+    worst_s = ""
+    if worst:
+        over = f", {100 * worst['overflow']:.2g} % overflow" if worst["overflow"] else ""
+        worst_s = f"; worst op {worst['key']} (rel err {_g(worst['rel_err'])}, max|x| {worst['max_abs']:.3g}{over})"
     margin = f"margin {section['margin_pct']:g} %" + (f" ({section['note']})" if section.get("note") else "")
     if section["verdict"] == "equivalent":
         return head + _agreement(first, unit, level) + f"; {margin}; keep fp32: nothing" + worst_s

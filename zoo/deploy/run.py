@@ -36,6 +36,27 @@ def _settings(check) -> CheckSettings:
     return CheckSettings(**{k: check[k] for k in check})
 
 
+def _with_overrides(preprocess, cfg):
+    """``det_limit_side_len`` / ``det_limit_type`` on every DetResizeForTest step, ``postprocess`` over the
+    config's post-processing settings (PaddleOCR's evaluation resizes with 736 / min, its predictor
+    with 960 / max)."""
+    from zoo.deploy.preprocess_ops import DetResizeForTest
+
+    side, kind = cfg.get("det_limit_side_len"), cfg.get("det_limit_type")
+    resizes = [s for s in preprocess.steps if isinstance(s, DetResizeForTest)]
+    if (side is not None or kind is not None) and not resizes:
+        raise DeployError("det_limit_side_len / det_limit_type: this model's preprocessing has no DetResizeForTest")
+    for step in resizes:
+        if kind is not None:
+            if kind not in ("max", "min", "resize_long"):
+                raise DeployError(f"det_limit_type: expected max, min or resize_long, got {kind!r}")
+            step.limit_type = str(kind)
+        if side is not None:
+            step.limit_side_len = int(side)
+    preprocess.postprocess.update(dict(cfg.get("postprocess") or {}))
+    return preprocess
+
+
 def prepare_inputs(paths, preprocess, feeds) -> Inputs:
     """Every image through the model's preprocessing, once."""
     from zoo.deploy.inputs import read_image
@@ -67,7 +88,7 @@ def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
     net = ProgramNet(folded)
     net.eval()
     preprocess, kind, source = build_preprocess(model_dir, cfg.get("preset"), task=cfg.get("task"))
-    preprocess = preprocess.for_feeds(folded.feeds)
+    preprocess = _with_overrides(preprocess.for_feeds(folded.feeds), cfg)
     task = build_task(kind, postprocess=preprocess.postprocess, character_dict=cfg.get("character_dict"))
     paths = list_images(str(cfg.images))
     if cfg.get("max_images") and len(paths) > int(cfg.max_images):
