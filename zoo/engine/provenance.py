@@ -28,7 +28,9 @@ DIGEST_BATCHES = 3  # first batches hashed for the pairing check
 # is still compared, through the report's group key) and settings that do not change results.
 CONFIG_DIGEST_EXCLUDES = ("amp", "seed", "run_name", "model.batch_size", "optim.base_batch_size",
                           "optim.optimizer.multi_precision", "trainer.resume", "trainer.progress",
-                          "trainer.num_workers", "trainer.draw_samples", "trainer.predict_memory")
+                          "trainer.num_workers", "trainer.draw_samples", "trainer.predict_memory",
+                          # DB's recipes set fp32 (issue 39); an fp32 run's "both" evaluates in FP32 too
+                          "trainer.eval_precision")
 
 
 def library_versions() -> dict[str, str]:
