@@ -186,6 +186,21 @@ def test_bad_input_is_one_error_line(tmp_path, args, expected):
     assert "Traceback" not in res.stderr
 
 
+def test_images_without_anything_to_find_are_refused_as_nothing_to_compare(tmp_path):
+    """A blank image: the detector finds no text, so no verdict can be given (exit 1, said so)."""
+    import cv2
+
+    cv2.imwrite(str(tmp_path / "blank.png"), np.full((64, 96, 3), 255, np.uint8))
+    out = tmp_path / "out"
+    res = _tool(f"model_dir={_models() / 'ch_PP-OCRv4_det_infer'}", f"images={tmp_path / 'blank.png'}",
+                "preset=paddleocr_det", "precision=fp16", f"out_dir={out}", cwd=tmp_path)
+    assert res.returncode == 1
+    assert "fp16: nothing to compare (the FP32 model finds no FP32 text box on any image)" in res.stdout
+    assert "error: fp16: the FP32 model predicts no FP32 text box on any of the 1 images" in res.stderr
+    report = json.loads((out / "deploy_report.json").read_text())
+    assert report["precisions"]["fp16"]["tried"] and len(report["precisions"]["fp16"]["tried"]) == 1
+
+
 def test_comma_values_reach_the_config_as_one_value():
     sys.path.insert(0, str(ROOT / "tools"))
     try:

@@ -222,7 +222,7 @@ class _Trial:
 def lost_text(step: dict, unit: str, level: float) -> str:
     """``1.23 % of 19 FP32 text boxes lost (90% CI [0.00, 5.26])``, or that there was nothing to lose."""
     if step["lost_pct"] is None:
-        return f"no {unit} in FP32 on any image: nothing to compare"
+        return f"no {unit} on any image: nothing to compare"
     lo, hi = step["ci_pct"]
     return f"{step['lost_pct']:.2f} % of {step['units']} {plural(unit)} lost ({100 * level:.0f}% CI [{lo:.2f}, {hi:.2f}])"
 
@@ -266,6 +266,8 @@ def check_precision(net, program, task, inputs: Inputs, precision: str, settings
     rows = compare(ref.recorder.calls, low.recorder.calls, dtype)
     bad_first = _first_bad(low, ref, [r["key"] for r in rows]) if first["nonfinite_images"] else None
     cands = candidates(rows, exclude=DEFAULT_BLACK_LIST)
+    if not first["units"]:  # nothing to lose: no keep-list can change that, so none is searched
+        cands = []
     keep, tried = search_keep_list(lambda k: _drop_pass(trial(k)), cands, settings.max_keep,
                                    settings.max_evaluations, known={(): first})
     named, named_tried = None, []
@@ -279,7 +281,8 @@ def check_precision(net, program, task, inputs: Inputs, precision: str, settings
     where = first_overflow(rows)
     section = {
         "precision": precision, "dtype": dtype, "task": task.kind, "unit": task.unit,
-        "verdict": ("equivalent" if keep == () else "equivalent with a keep-list" if keep else "refused"),
+        "verdict": ("nothing to compare" if not first["units"] else
+                    "equivalent" if keep == () else "equivalent with a keep-list" if keep else "refused"),
         "margin_pct": margin, "level": settings.level,
         "note": resolution_note(first["_raw"], margin, task.unit),
         "without_keep_list": {**_step(first), "first_nonfinite": bad_first},

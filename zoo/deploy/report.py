@@ -43,6 +43,8 @@ def verdict_line(section: dict) -> str:
         over = f", {100 * worst['overflow']:.2g} % overflow" if worst["overflow"] else ""
         worst_s = f"; worst op {worst['key']} (rel err {_g(worst['rel_err'])}, max|x| {worst['max_abs']:.3g}{over})"
     margin = f"margin {section['margin_pct']:g} %" + (f" ({section['note']})" if section.get("note") else "")
+    if section["verdict"] == "nothing to compare":
+        return f"{p}: nothing to compare (the FP32 model finds no {unit} on any image)"
     if section["verdict"] == "equivalent":
         return head + _agreement(first, unit, level) + f"; {margin}; keep fp32: nothing" + worst_s
     without = f"without a keep-list {_agreement(first, unit, level)}{bad} -> {first['verdict']}"

@@ -120,6 +120,11 @@ def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
     for line in lines:
         log(line)
     log(f"report: {path} ({time.time() - t0:.0f} s)")
+    empty = [p for p, s in report["precisions"].items() if s["verdict"] == "nothing to compare"]
+    if empty:
+        raise DeployRefused(f"{', '.join(empty)}: the FP32 model predicts no {report['precisions'][empty[0]]['unit']} "
+                            f"on any of the {len(paths)} images, so there is nothing to compare; give images on "
+                            f"which it finds something; report: {out_dir / REPORT}")
     refused = [p for p, s in report["precisions"].items() if s["verdict"] == "refused"]
     if refused:
         raise DeployRefused(f"{', '.join(refused)}: no keep-list within check.max_keep={settings.max_keep} and "
