@@ -36,6 +36,7 @@ from zoo.data.images import (
 )
 from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
 from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
+from zoo.data.text_encoding import utf8_lines
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
 log = logging.getLogger(__name__)
@@ -164,26 +165,26 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None,
     if bad_samples not in BAD_SAMPLE_POLICIES:
         raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
     samples, problems = [], []
-    with open(path, encoding="utf-8-sig") as f:
-        for lineno, raw in enumerate(f, start=1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                sample = parse_det_label_line(line, where)
-                if image_root is not None:
-                    _verify_image(Path(image_root) / sample[0], where, decode)
-                    sample = _check_geometry(sample, Path(image_root) / sample[0], where,
-                                             stats if stats is not None else {})
-            except (ValueError, OSError) as e:
-                if bad_samples == "fail":
-                    raise
-                problems.append(str(e))
-                continue
-            samples.append(sample)
-            if line_numbers is not None:
-                line_numbers.append(lineno)
+    for lineno, line in utf8_lines(path):  # a BOM is accepted; a line not UTF-8 is a bad line
+        if isinstance(line, str) and not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            if isinstance(line, ValueError):
+                raise line
+            sample = parse_det_label_line(line, where)
+            if image_root is not None:
+                _verify_image(Path(image_root) / sample[0], where, decode)
+                sample = _check_geometry(sample, Path(image_root) / sample[0], where,
+                                         stats if stats is not None else {})
+        except (ValueError, OSError) as e:
+            if bad_samples == "fail":
+                raise
+            problems.append(str(e))
+            continue
+        samples.append(sample)
+        if line_numbers is not None:
+            line_numbers.append(lineno)
     return samples, problems
 
 
@@ -195,11 +196,11 @@ def read_det_label_file(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
     wrong.  Polygons with more than 4 points become their minimum-area rectangle.
     """
     out = []
-    with open(path, encoding="utf-8-sig") as f:  # tolerate a BOM from Windows editors
-        for lineno, raw in enumerate(f, start=1):
-            line = raw.rstrip("\r\n")
-            if line.strip():
-                out.append(parse_det_label_line(line, f"{path}:{lineno}"))
+    for lineno, line in utf8_lines(path):  # tolerate a BOM from Windows editors
+        if isinstance(line, ValueError):
+            raise line
+        if line.strip():
+            out.append(parse_det_label_line(line, f"{path}:{lineno}"))
     return out
 
 
