@@ -47,6 +47,7 @@ from zoo.data.coco.transforms import (
     resize_batch,
 )
 from zoo.data.images import ImageDecodeError, read_image_rgb, verify_image_file
+from zoo.data.text_encoding import decode_utf8
 
 __all__ = ["COCODetData", "COCODetDataset", "CocoInstances", "PPYOLOE_MULTISCALE", "load_coco_instances"]
 log = logging.getLogger(__name__)
@@ -87,10 +88,12 @@ class CocoInstances:
 
 def _read_json(path: Path) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"COCO annotation file not found: {path}") from None
+    try:  # a BOM (Windows editors) is accepted, as in PaddleOCR label files; not UTF-8 is one clear error
+        data = json.loads(decode_utf8(path, raw))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(data, dict):
