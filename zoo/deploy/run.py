@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from zoo.deploy.check import CheckSettings, Inputs, check_precision, run_pass
 from zoo.deploy.errors import DeployError
 from zoo.engine.runinfo import git_revision
+from zoo.utils.progress import progress
 
 __all__ = ["DeployRefused", "parse_precisions", "run_deploy_check"]
 
@@ -62,7 +61,7 @@ def prepare_inputs(paths, preprocess, feeds) -> Inputs:
     from zoo.deploy.inputs import read_image
 
     prepared, metas = [], []
-    for path in tqdm(paths, desc="images", leave=False, disable=len(paths) < 4):
+    for path in progress(paths, desc="images", leave=False, disable=len(paths) < 4):
         f, meta = preprocess(read_image(path))
         prepared.append(f)
         metas.append(meta)
