@@ -68,6 +68,7 @@ def test_real_det_fp16_equivalent_and_bf16_loses_boxes(photos, tmp_path):
     report = json.loads((out / "deploy_report.json").read_text())
     fp16, bf16 = report["precisions"]["fp16"], report["precisions"]["bf16"]
     assert report["program"]["format"] == "pdmodel" and report["task"] == "text_det"
+    assert fp16["effective"].startswith("emulated-fp16 deployment") and bf16["effective"].startswith("emulated-bf16")
     assert fp16["verdict"] == "equivalent" and fp16["without_keep_list"]["lost_pct"] == 0.0
     assert fp16["without_keep_list"]["units"] >= 6
     assert "fp16: equivalent:" in res.stdout

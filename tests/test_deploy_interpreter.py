@@ -7,7 +7,6 @@ The reference is Paddle Inference on CPU with oneDNN off (docs/export.md: it fai
 nearest_interp) and its IR passes on, as a user deploys it."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import cv2
@@ -196,6 +195,37 @@ def test_ppyoloe_export_with_nms_matches_paddle_inference(tmp_path):
 
 
 # ------------------------------------------------------------------ errors and folders
+
+class _OpMix(paddle.nn.Layer):
+    """The ops the interpreter knows that none of the real or zoo programs above uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = self.create_parameter([8, 8])
+
+    def forward(self, x):
+        f = paddle.nn.functional
+        y = paddle.abs(x) + f.gelu(x) + f.leaky_relu(x, 0.1) + f.relu6(x) + f.silu(x) + paddle.tanh(x)
+        y = y + paddle.sqrt(paddle.abs(x) + 1.0) + paddle.exp(paddle.clip(x, -3.0, 3.0))
+        y = y + paddle.pow(paddle.abs(x) + 1.0, paddle.full([1], 1.5))
+        y = f.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+        y = paddle.unsqueeze(paddle.matmul(y, self.w), 0).squeeze(0)
+        return y.astype("float64").astype("float32")
+
+
+def test_the_other_ops_match_paddle_inference(tmp_path):
+    paddle.seed(0)
+    net = _OpMix()
+    net.eval()
+    paddle.jit.save(net, str(tmp_path / "inference"),
+                    input_spec=[paddle.static.InputSpec([1, 3, 4, 4], "float32", "x")])
+    program = load_program(tmp_path)
+    types = {op.type for op in program.ops}
+    assert {"abs", "gelu", "leaky_relu", "relu6", "silu", "tanh", "sqrt", "exp", "clip", "elementwise_pow",
+            "bilinear_interp_v2", "unsqueeze2", "cast"} <= types, types
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    assert_close(run(ProgramNet(program), [x]), paddle_inference(program, [x]), what="op mix")
+
 
 def test_unsupported_op_is_refused_when_built():
     program = load_program_stub()

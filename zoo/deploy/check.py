@@ -281,6 +281,8 @@ def check_precision(net, program, task, inputs: Inputs, precision: str, settings
     where = first_overflow(rows)
     section = {
         "precision": precision, "dtype": dtype, "task": task.kind, "unit": task.unit,
+        # what was computed: the deployment's numbers emulated in FP32 arithmetic, never a real fp16 run
+        "effective": f"emulated-{precision} deployment (zoo/export/deployed.py) on {paddle.device.get_device()}",
         "verdict": ("nothing to compare" if not first["units"] else
                     "equivalent" if keep == () else "equivalent with a keep-list" if keep else "refused"),
         "margin_pct": margin, "level": settings.level,

@@ -103,7 +103,7 @@ def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
               "task": kind, "preprocess": source, "images": [str(p) for p in paths], "precisions": {}}
     lines = []
     for precision in precisions:
-        log(f"{precision}: FP32 and the {precision} deployment, op by op")
+        log(f"{precision}: FP32 and the emulated {precision} deployment (its numbers in FP32 arithmetic), op by op")
         ref = run_pass(net, task, inputs, {"fp16": "float16", "bf16": "bfloat16"}[precision])
         bad = [i for i, n in enumerate(ref.nonfinite) if n]
         if bad:
