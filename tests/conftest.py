@@ -65,3 +65,18 @@ def run_tool(args, cwd, env_extra=None, timeout=600):
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env_extra or {})}  # env_extra may set PYTHONWARNINGS
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def conv_bn_net(bn_layer):
+    """A bias-free 3->4 conv followed by ``bn_layer`` (a 4-channel BatchNorm) with known, uneven
+    running statistics and affine parameters, in eval mode: the case BatchNorm folding must get right."""
+    import paddle
+
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, bias_attr=False), bn_layer)
+    bn = net[1]
+    bn._mean.set_value(paddle.to_tensor([0.5, -1.0, 2.0, 0.0]))
+    bn._variance.set_value(paddle.to_tensor([4.0, 0.25, 1.0, 9.0]))
+    bn.weight.set_value(paddle.to_tensor([1.5, -0.5, 2.0, 1.0]))
+    bn.bias.set_value(paddle.to_tensor([0.1, 0.2, -0.3, 0.0]))
+    net.eval()
+    return net

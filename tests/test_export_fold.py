@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
+from conftest import conv_bn_net
 
 from zoo.export.deployed import fold_batch_norms
 
@@ -15,13 +16,7 @@ from zoo.export.deployed import fold_batch_norms
 @pytest.mark.parametrize("act", ["relu", "hard_swish", None])
 def test_folding_keeps_a_batchnorms_fused_activation(act):
     paddle.seed(0)
-    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, bias_attr=False), paddle.nn.BatchNorm(4, act=act))
-    bn = net[1]
-    bn._mean.set_value(paddle.to_tensor([0.5, -1.0, 2.0, 0.0]))
-    bn._variance.set_value(paddle.to_tensor([4.0, 0.25, 1.0, 9.0]))
-    bn.weight.set_value(paddle.to_tensor([1.5, -0.5, 2.0, 1.0]))
-    bn.bias.set_value(paddle.to_tensor([0.1, 0.2, -0.3, 0.0]))
-    net.eval()
+    net = conv_bn_net(paddle.nn.BatchNorm(4, act=act))
     x = paddle.randn([2, 3, 8, 8])
     folded, n = fold_batch_norms(net, x)
     assert n == 1

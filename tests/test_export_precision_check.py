@@ -10,6 +10,7 @@ import math
 import numpy as np
 import paddle
 import pytest
+from conftest import conv_bn_net
 from conftest import ROOT, run_tool
 
 from zoo.amp.emulation import is_low
@@ -76,13 +77,8 @@ def test_an_overflow_is_named_where_it_starts():
 
 def test_batchnorm_folds_into_the_convolution_before_it():
     paddle.seed(0)
-    net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, bias_attr=False), paddle.nn.BatchNorm2D(4), paddle.nn.ReLU())
-    bn = net[1]
-    bn._mean.set_value(paddle.to_tensor([0.5, -1.0, 2.0, 0.0]))
-    bn._variance.set_value(paddle.to_tensor([4.0, 0.25, 1.0, 9.0]))
-    bn.weight.set_value(paddle.to_tensor([1.5, -0.5, 2.0, 1.0]))
-    bn.bias.set_value(paddle.to_tensor([0.1, 0.2, -0.3, 0.0]))
-    net.eval()
+    net = conv_bn_net(paddle.nn.BatchNorm2D(4))
+    net.add_sublayer("2", paddle.nn.ReLU())
     x = paddle.randn([2, 3, 8, 8])
     folded, n = fold_batch_norms(net, x)
     assert n == 1 and isinstance(folded[1], paddle.nn.Identity) and folded[0].bias is not None
