@@ -10,13 +10,18 @@ maps in train, eval and rep()'d form on the same weights.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
 
 import numpy as np
 import paddle
+import pytest
 from conftest import ROOT
+from test_deploy_interpreter import _rapidocr_models, paddle_inference
 
 import zoo
+from zoo.weights.deploy_form import DeployFormError, map_program_tensors
 
 KEYS = ROOT / "tests" / "data" / "paddleocr_ppocrv5_mobile_det.keys"
 TRAINABLE = 3_515_290
@@ -24,6 +29,17 @@ TRAINABLE = 3_515_290
 
 def layout(model) -> list[str]:
     return [f"{k} {[int(d) for d in v.shape]}" for k, v in model.state_dict().items()]
+
+
+@pytest.fixture(scope="module")
+def det_folder():
+    return os.path.join(_rapidocr_models(), "ch_PP-OCRv4_det_infer")
+
+
+@pytest.fixture(scope="module")
+def official(det_folder):
+    """ppocrv4_mobile_det with the official deploy-form weights, in eval mode."""
+    return zoo.create_model("ppocrv4_mobile_det", pretrained=det_folder).eval()
 
 
 # --- the training form: PaddleOCR's names ---
@@ -133,3 +149,61 @@ def test_rep_keeps_eval_outputs():
     assert 0.05 < maps.std() and np.abs(maps_rep - maps).max() <= 1e-4
     for a, b in zip(feats, feats_rep):
         assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(a).max())
+
+
+# --- the official deploy-form weights ---
+
+def _photo_bgr(name: str) -> np.ndarray:
+    data = pytest.importorskip("skimage.data", reason="scikit-image ships the real photos (text, page)")
+    img = getattr(data, name)()
+    img = np.stack([img] * 3, -1) if img.ndim == 2 else img[..., :3]
+    return np.ascontiguousarray(img[..., ::-1])  # PaddleOCR decodes BGR
+
+
+@pytest.mark.parametrize("photo, resize", [
+    ("page", None),             # the deployed predictor's DetResizeForTest: limit 960, max
+    ("text", (480, "min")),     # evaluation's min mode (PaddleOCR: 736), smaller to keep the test short
+])
+def test_official_weights_give_paddle_inferences_maps(official, det_folder, photo, resize):
+    from zoo.deploy import load_program
+    from zoo.deploy.preprocess import build_preprocess
+    from zoo.deploy.preprocess_ops import DetResizeForTest
+
+    pre, _, _ = build_preprocess(det_folder, "paddleocr_det")
+    if resize is not None:
+        pre = dataclasses.replace(pre, steps=[DetResizeForTest(*resize), *pre.steps[1:]])
+    x = pre(_photo_bgr(photo))[0]["x"]
+    (reference,) = paddle_inference(load_program(det_folder), [x])
+    with paddle.no_grad():
+        ours = official(paddle.to_tensor(x))["maps"].numpy()
+    assert ours.shape == reference.shape
+    assert (reference > 0.3).mean() > 0.01  # text found: the maps are not trivially equal
+    assert np.abs(ours - reference).max() <= 1e-4
+
+
+def test_official_weights_load_from_the_file_too(official, det_folder):
+    report = official.pretrained_report
+    assert report["matched"] == 234 and report["unexpected"] == 0 and report["missing"] == 21
+    assert report["file"].endswith("inference.pdiparams")
+    # not in the file: the threshold branch (the export drops it) and the strided layers' unused Act
+    assert all(k.startswith("head.thresh.") or ".0.dw_conv.act.lab." in k for k in report["missing_keys"])
+    again = zoo.create_model("ppocrv5_mobile_det", pretrained=os.path.join(det_folder, "inference.pdiparams"))
+    theirs = again.state_dict()
+    assert all(np.array_equal(v.numpy(), theirs[k].numpy()) for k, v in official.state_dict().items()
+               if not k.startswith("head.thresh."))
+
+
+def test_deploy_form_of_another_network_is_refused_naming_the_layer(det_folder):
+    with pytest.raises(DeployFormError, match=r"layer no\. 1 in order of use differs: the model's layer "
+                                              r"'backbone\.conv\.conv' .*the program's op #0 conv2d"):
+        zoo.create_model("db_det_tiny", pretrained=det_folder)
+
+
+def test_info_names_contradicting_the_order_are_refused(official, det_folder):
+    from zoo.deploy import load_program
+
+    program = load_program(det_folder)
+    mapping = map_program_tensors(official, program)
+    var = mapping["backbone.layer_list.0.weight"]
+    with pytest.raises(DeployFormError, match="pdiparams.info names it 'backbone.layer_list.1.weight'"):
+        map_program_tensors(official, program, {var: "backbone.layer_list.1.weight"})
