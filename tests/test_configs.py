@@ -41,7 +41,7 @@ def test_every_model_config_instantiates(model):
     assert cfg.model.name == model and model in zoo.list_models()
     net = instantiate(cfg.model.net)
     task = instantiate(cfg.model.task)
-    if model.startswith("db_"):
+    if cfg.family.name == "db":
         assert task.primary_metric == "hmean" and hasattr(net, "head")
     elif model.startswith("ppyoloe"):
         assert task.primary_metric == "mAP" and task.num_classes == cfg.data.num_classes

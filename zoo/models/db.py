@@ -13,19 +13,27 @@ Registered models (each keyword can be overridden through ``create_model``):
 - ``db_det_r50``: ``configs/det/det_r50_vd_db.yml`` (ResNet50_vd);
 - ``db_det_r18``: ``configs/det/det_res18_db_v2.0.yml`` (ResNet18_vd; its
   ``disable_se`` entry is ignored by upstream's ResNet_vd);
-- ``db_det_tiny``: MobileNetV3 small x0.35 with a 32-channel neck, for tests.
+- ``db_det_tiny``: MobileNetV3 small x0.35 with a 32-channel neck, for tests;
+- ``ppocrv5_mobile_det``: ``configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml`` (PPLCNetV3 x0.75 det,
+  RSEFPN 96 with shortcut, DBHead k=50 with fix_nan);
+- ``ppocrv4_mobile_det``: the same network (``PP-OCRv4_mobile_det.yml``), other weights.
+
+The PPLCNetV3 models train in their multi-branch form; :meth:`DBNet.rep` switches them to the
+deploy form PaddleOCR exports (``zoo.create_model`` does so itself for a deploy-form
+``inference.pdiparams``).
 """
 
 from __future__ import annotations
 
 from paddle import nn
 
-from zoo.models.backbones import DetMobileNetV3, DetResNetVd
+from zoo.models.backbones import DetMobileNetV3, DetPPLCNetV3, DetResNetVd
 from zoo.models.heads import DBHead
-from zoo.models.necks import DBFPN
+from zoo.models.necks import DBFPN, RSEFPN
 from zoo.models.registry import register_model
 
-__all__ = ["DBNet", "db_det", "db_det_r18", "db_det_r50", "db_det_tiny"]
+__all__ = ["DBNet", "db_det", "db_det_r18", "db_det_r50", "db_det_tiny", "ppocrv4_mobile_det",
+           "ppocrv5_mobile_det"]
 
 
 class DBNet(nn.Layer):
@@ -50,6 +58,15 @@ class DBNet(nn.Layer):
 
     def forward(self, x):
         return self.head(self.neck(self.backbone(x)))
+
+    def rep(self):
+        """Switch every re-parameterisable layer to its deploy form (one conv with bias) and return
+        the model; PaddleOCR's export does the same before saving (``ppocr/utils/export_model.py``).
+        The eval-mode outputs do not change; the branches, and training them, are gone."""
+        for layer in self.sublayers():
+            if hasattr(layer, "rep") and not getattr(layer, "is_repped", False):
+                layer.rep()
+        return self
 
 
 def _assemble(backbone, neck_channels, k):
@@ -86,3 +103,23 @@ def db_det_tiny(scale=0.35, model_name="small", disable_se=False, neck_channels=
     backbone = DetMobileNetV3(in_channels, model_name=model_name, scale=scale,
                               disable_se=disable_se)
     return _assemble(backbone, neck_channels, k)
+
+
+def _lcnetv3_db(scale, conv_kxk_num, neck_channels, shortcut, k, fix_nan, in_channels):
+    backbone = DetPPLCNetV3(in_channels, scale=scale, conv_kxk_num=conv_kxk_num)
+    neck = RSEFPN(backbone.out_channels, out_channels=neck_channels, shortcut=shortcut)
+    return DBNet(backbone, neck, DBHead(neck.out_channels, k=k, fix_nan=fix_nan))
+
+
+@register_model
+def ppocrv5_mobile_det(scale=0.75, conv_kxk_num=4, neck_channels=96, shortcut=True, k=50, fix_nan=True,
+                       in_channels=3):
+    """PP-OCRv5 mobile det: PPLCNetV3 x0.75 (det) + RSEFPN 96 + DBHead k=50, fix_nan."""
+    return _lcnetv3_db(scale, conv_kxk_num, neck_channels, shortcut, k, fix_nan, in_channels)
+
+
+@register_model
+def ppocrv4_mobile_det(scale=0.75, conv_kxk_num=4, neck_channels=96, shortcut=True, k=50, fix_nan=True,
+                       in_channels=3):
+    """PP-OCRv4 mobile det: the network of :func:`ppocrv5_mobile_det` (PaddleOCR trained other weights)."""
+    return _lcnetv3_db(scale, conv_kxk_num, neck_channels, shortcut, k, fix_nan, in_channels)

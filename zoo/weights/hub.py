@@ -463,24 +463,30 @@ def download(url: str, sha256: str | None = None, *, retries: int = DEFAULT_RETR
     return dest
 
 
-_FILE_SUFFIXES = (".pdparams", ".pdckpt", ".tar", ".safetensors")
+_FILE_SUFFIXES = (".pdparams", ".pdckpt", ".tar", ".safetensors", ".pdiparams")
+# A deploy-form inference model's parameters (zoo.weights.deploy_form loads them).
+INFERENCE_PARAMS = "inference.pdiparams"
 
 
 def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
-    """A local path for ``pretrained`` (a file, a training run folder, an http(s) URL or a registry name)
-    and its spec; a run folder gives the weights it kept, ``checkpoints/best.pdparams``.
+    """A local path for ``pretrained`` (a file, a training run folder, an inference-model folder, an
+    http(s) URL or a registry name) and its spec; a run folder gives the weights it kept,
+    ``checkpoints/best.pdparams``, an inference-model folder its ``inference.pdiparams``.
 
     URLs and names are downloaded into the cache first (``download_options`` go to :func:`download`).
     """
     text = os.fspath(pretrained)
     if os.path.isfile(text):
         return Path(text), None
-    if os.path.isdir(text):  # a training run folder: the weights it kept as best
-
+    if os.path.isdir(text):  # a training run folder (the weights it kept as best) or an inference model
+        inference = Path(text) / INFERENCE_PARAMS
+        if inference.is_file():
+            return inference, None
         best = best_weights(text)
         if not best.is_file():
-            raise FileNotFoundError(f"pretrained='{text}' is a folder without {CKPT_DIR}/{BEST}; "
-                                    "give a training run folder or a weights file")
+            raise FileNotFoundError(f"pretrained='{text}' is a folder without {CKPT_DIR}/{BEST} or "
+                                    f"{INFERENCE_PARAMS}; give a training run folder, an inference-model "
+                                    "folder or a weights file")
         return best, None
     scheme = urllib.parse.urlsplit(text).scheme if "://" in text else ""
     if scheme in ("http", "https"):

@@ -14,6 +14,7 @@ import warnings
 
 import paddle
 
+from zoo.weights.deploy_form import is_inference_params, load_deploy_form
 from zoo.weights.hub import resolve, sha256_file
 from zoo.weights.safe_pickle import load as safe_load
 from zoo.weights.safetensors import load_file
@@ -183,6 +184,10 @@ def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool | None = Non
                     member: str | None = None) -> dict:
     """Load a local weights file (``.pdparams``, ``.safetensors``, PaddleOCR ``*_train.tar``) into ``model``.
 
+    An inference model's ``.pdiparams`` (the deploy form PaddleOCR exports) switches ``model`` to its
+    deploy form and loads it by order of use (:func:`zoo.weights.deploy_form.load_deploy_form`): it
+    maps completely or is refused, so ``strict``, ``key_adapter`` and ``member`` do not apply.
+
     Returns the report of :func:`compare_state_dict`. ``key_adapter`` (a registry entry's) renames
     keys; without it a backbone-only checkpoint gets the ``backbone.`` prefix its keys lack.
     ``strict=True`` raises ``ValueError`` listing missing, unexpected and shape-mismatched keys
@@ -191,6 +196,11 @@ def load_checkpoint(model: paddle.nn.Layer, path: str, strict: bool | None = Non
     passes); ``strict=False`` loads whatever matches. Shape-mismatched entries are dropped before
     ``set_state_dict``, so those parameters keep their initial values.
     """
+    if is_inference_params(path):
+        report = load_deploy_form(model, path)
+        # Missing keys are expected here (layers the eval-mode forward never calls): info, not a warning.
+        logger.info("loaded deploy-form '%s' by order of use: %s", path, format_report(report))
+        return report
     model_state = model.state_dict()
     ckpt_state = read_state(path, member)
     if key_adapter:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import paddle.nn.functional as F
 from paddle import nn
 
-__all__ = ["DetMobileNetV3", "make_divisible"]
+__all__ = ["DetMobileNetV3", "SEModule", "make_divisible"]
 
 # Rows: kernel, expanded channels, output channels, SE, activation, stride
 # (the standard MobileNetV3 tables, as in the upstream file).
@@ -91,18 +91,22 @@ class ConvBNAct(nn.Layer):
 
 
 class SEModule(nn.Layer):
-    """Squeeze-excitation with biased 1x1 convs ``conv1``/``conv2`` and hard sigmoid gating."""
+    """Squeeze-excitation with biased 1x1 convs ``conv1``/``conv2`` and hard sigmoid gating.
 
-    def __init__(self, channels, reduction=4):
+    ``slope`` is the hard sigmoid's: 0.2 in PaddleOCR's MobileNetV3 and DB necks (what their
+    released weights were trained with), Paddle's default 0.1666667 in PPLCNetV3's ``SELayer``.
+    """
+
+    def __init__(self, channels, reduction=4, slope=0.2):
         super().__init__()
         self.avg_pool = nn.AdaptiveAvgPool2D(1)
         self.conv1 = nn.Conv2D(channels, channels // reduction, 1)
         self.conv2 = nn.Conv2D(channels // reduction, channels, 1)
+        self.slope = slope
 
     def forward(self, x):
         w = F.relu(self.conv1(self.avg_pool(x)))
-        # slope 0.2 (not PyTorch's 1/6) is what the released weights were trained with.
-        return x * F.hardsigmoid(self.conv2(w), slope=0.2, offset=0.5)
+        return x * F.hardsigmoid(self.conv2(w), slope=self.slope, offset=0.5)
 
 
 class ResidualUnit(nn.Layer):

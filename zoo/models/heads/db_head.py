@@ -41,11 +41,20 @@ def _up_conv(in_ch, out_ch, fan_in):
     )
 
 
-class DBBranch(nn.Layer):
-    """One head branch: [N, C, h, w] -> sigmoid map [N, 1, 4h, 4w]."""
+def _zero_nan(x):
+    return paddle.where(paddle.isnan(x), paddle.zeros_like(x), x)
 
-    def __init__(self, in_channels):
+
+class DBBranch(nn.Layer):
+    """One head branch: [N, C, h, w] -> sigmoid map [N, 1, 4h, 4w].
+
+    ``fix_nan`` (PaddleOCR's ``Head(fix_nan=True)``, set by the PP-OCRv4/v5 det configs) zeroes NaNs
+    after each BatchNorm + ReLU, in training mode only.
+    """
+
+    def __init__(self, in_channels, fix_nan=False):
         super().__init__()
+        self.fix_nan = fix_nan
         mid = in_channels // 4
         if mid < 1:
             raise ValueError(f"DBHead needs in_channels >= 4, got {in_channels!r}")
@@ -56,8 +65,11 @@ class DBBranch(nn.Layer):
         self.conv3 = _up_conv(mid, 1, mid)
 
     def forward(self, x):
+        fix = self.fix_nan and self.training
         x = F.relu(self.conv_bn1(self.conv1(x)))
+        x = _zero_nan(x) if fix else x
         x = F.relu(self.conv_bn2(self.conv2(x)))
+        x = _zero_nan(x) if fix else x
         return F.sigmoid(self.conv3(x))
 
 
@@ -67,6 +79,7 @@ class DBHead(nn.Layer):
     Args:
         in_channels: channels of the neck output.
         k: amplification factor of the differentiable step function.
+        fix_nan: zero NaNs inside both branches in training (see :class:`DBBranch`).
 
     In training mode ``forward`` returns ``{"maps": [N, 3, H, W]}``, the
     concatenation of the shrink map P, threshold map T and binary map
@@ -75,11 +88,11 @@ class DBHead(nn.Layer):
     post-processing expects.
     """
 
-    def __init__(self, in_channels, k=50):
+    def __init__(self, in_channels, k=50, fix_nan=False):
         super().__init__()
         self.k = k
-        self.binarize = DBBranch(in_channels)
-        self.thresh = DBBranch(in_channels)
+        self.binarize = DBBranch(in_channels, fix_nan)
+        self.thresh = DBBranch(in_channels, fix_nan)
 
     def step_function(self, p, t):
         """Differentiable binarization ``1 / (1 + exp(-k (p - t)))``.

@@ -2,5 +2,6 @@
 
 from zoo.models.necks.custom_pan import CustomCSPPAN
 from zoo.models.necks.db_fpn import DBFPN
+from zoo.models.necks.rse_fpn import RSEFPN
 
-__all__ = ["CustomCSPPAN", "DBFPN"]
+__all__ = ["CustomCSPPAN", "DBFPN", "RSEFPN"]

@@ -14,7 +14,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-__all__ = ["DBFPN"]
+__all__ = ["DBFPN", "upsample_nearest"]
 
 
 def _conv(in_ch, out_ch, kernel):
@@ -23,7 +23,7 @@ def _conv(in_ch, out_ch, kernel):
                      weight_attr=paddle.ParamAttr(initializer=nn.initializer.KaimingUniform()))
 
 
-def _up(x, factor):
+def upsample_nearest(x, factor):
     """Nearest upsampling by an integer factor, stated as an output size (the same values as
     ``scale_factor=factor``): paddle2onnx 2.1 cannot convert Paddle 3.3's float64 ``scale``
     attribute of nearest_interp, but converts the size form, dynamic input sizes included."""
@@ -65,11 +65,11 @@ class DBFPN(nn.Layer):
         """``feats`` = [c2, c3, c4, c5]; returns [N, out_channels, H/4, W/4]."""
         c2, c3, c4, c5 = feats
         in5 = self.in5_conv(c5)
-        out4 = self.in4_conv(c4) + _up(in5, 2)
-        out3 = self.in3_conv(c3) + _up(out4, 2)
-        out2 = self.in2_conv(c2) + _up(out3, 2)
-        p5 = _up(self.p5_conv(in5), 8)
-        p4 = _up(self.p4_conv(out4), 4)
-        p3 = _up(self.p3_conv(out3), 2)
+        out4 = self.in4_conv(c4) + upsample_nearest(in5, 2)
+        out3 = self.in3_conv(c3) + upsample_nearest(out4, 2)
+        out2 = self.in2_conv(c2) + upsample_nearest(out3, 2)
+        p5 = upsample_nearest(self.p5_conv(in5), 8)
+        p4 = upsample_nearest(self.p4_conv(out4), 4)
+        p3 = upsample_nearest(self.p3_conv(out3), 2)
         p2 = self.p2_conv(out2)
         return paddle.concat([p5, p4, p3, p2], axis=1)
