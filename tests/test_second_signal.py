@@ -60,7 +60,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_second_sigint_while_the_checkpoint_is_written_names_the_kept_step_and_the_command(
         tmp_path, ampzoo_home, when, kept):
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(root=str(ROOT), tools=str(ROOT / "tools"), train=str(ROOT / "tools" / "train.py"), when=when))
+    tools = ROOT / "tools"
+    driver.write_text(DRIVER.format(root=str(ROOT), tools=str(tools), train=str(tools / "train.py"), when=when))
     run = tmp_path / "run"
     args = [*TINY, "trainer.max_steps=6", "trainer.ckpt_every=2", f"hydra.run.dir={run}"]
     proc = subprocess.run([sys.executable, str(driver), *args], cwd=ROOT, env=_env(ampzoo_home),
