@@ -24,12 +24,14 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from zoo.engine.from_run import value_from_run  # noqa: E402
+from zoo.engine.from_run import evaluated_run_name, value_from_run  # noqa: E402
 from zoo.engine.runinfo import run_stamp  # noqa: E402
 
 OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
 # ${from_run:KEY,FALLBACK,SOURCE...}: KEY of the run a tool is given (eval.yaml / export.yaml name their folder by it)
 OmegaConf.register_new_resolver("from_run", value_from_run, replace=True)
+# ${evaluated_run_name:FALLBACK,SOURCE...}: eval.yaml's folder name, the run's in the precision evaluated
+OmegaConf.register_new_resolver("evaluated_run_name", evaluated_run_name, replace=True)
 
 
 def config_of_run(cfg, alias: str, config_name: str):
