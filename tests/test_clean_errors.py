@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def test_train_tool_stopped_in_the_final_evaluation_exits_143_and_resume_only_ev
     driver = tmp_path / "train_with_sigterm_in_final_eval.py"
     driver.write_text(f"""
 import os, runpy, signal, sys
-sys.path.insert(0, {str(ROOT / 'tools')!r})
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tools')!r}]  # this checkout's zoo, installed or not
 from zoo.engine.trainer import Trainer
 real = Trainer.evaluate
 def evaluate(self, phase="evaluation"):
@@ -226,8 +227,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
                            env=env, capture_output=True, text=True, timeout=300)
     last = runs / "a" / "checkpoints" / ckpt.LAST
     assert first.returncode == 143, first.stderr[-3000:]
-    assert first.stderr.strip().splitlines()[-1] == (
-        f"interrupted at step 2 (final evaluation); checkpoint saved to {last}, resume with trainer.resume=auto")
+    command = shlex.join(["python", "tools/train.py", *args, f"hydra.run.dir={runs / 'a'}", "trainer.resume=auto"])
+    assert first.stderr.strip().splitlines()[-1] == (  # the whole command: the run's overrides repeated
+        f"interrupted at step 2 (final evaluation); checkpoint saved to {last}, resume with trainer.resume=auto: "
+        f"{command}")
     assert ckpt.load(last)["step"] == 2
     second = subprocess.run([sys.executable, "tools/train.py", *args, "trainer.resume=auto",
                              f"hydra.run.dir={runs / 'b'}"], cwd=ROOT, env=env, capture_output=True,

@@ -162,8 +162,8 @@ def test_skipped_samples_all_listed_and_counted_in_summary(tmp_path, ampzoo_home
     (tmp_path / "d" / "val.txt").write_text(good + "\n")
     cfg = compose(["model=db_det_tiny", "data=icdar2015", f"data.root={tmp_path / 'd'}",
                    "data.builder.train_label=train.txt", "data.builder.val_label=val.txt",
-                   "data.builder.bad_samples=skip", "data.builder.crop_size=64", "data.builder.eval_size=[64,96]",
-                   "model.batch_size=2", "model.eval_batch_size=1", "trainer.max_steps=2", "trainer.progress=false",
+                   "data.builder.bad_samples=skip", "data.builder.max_lost_fraction=1",  # 5 of 9 lines bad
+                   "data.builder.crop_size=64", "data.builder.eval_size=[64,96]", "model.batch_size=2", "model.eval_batch_size=1", "trainer.max_steps=2", "trainer.progress=false",
                    "sched.warmup_steps=0", "trainer.draw_samples=0"])
     summary = train(cfg, tmp_path / "run")
     assert summary["data_report"]["train"]["skipped"] == 5 and summary["data_report"]["train"]["samples"] == 4

@@ -202,7 +202,6 @@ def test_cli_db_export_loads_weights(tmp_path):
 
 @pytest.mark.parametrize("args, match", [
     (["model=db_det_tiny", "weights=/nonexistent/run"], "weights: /nonexistent/run does not exist"),
-    (["model=resnet_tiny"], "export.model_name: no PaddleX classification name for model resnet_tiny"),
     (["model=db_det_tiny", "export.onnx=maybe"], "export.onnx: expected auto, true or false"),
     (["model=db_det_tiny", "export.model_name=MyDet"], "export.model_name: 'MyDet'"),
     (["model=db_det_tiny", "export.layout=paddledetection"], "export.layout: expected auto or paddlex for this model"),

@@ -46,8 +46,9 @@ def test_skip_policy_counts_and_trains_through_the_epoch(tmp_path):
     lines = [f"img/good.png\t{GOOD}"] * 2 + list(BAD_LINES.values())
     for name in ("train.txt", "val.txt"):
         (tmp_path / name).write_text("\n".join(lines) + "\n")
+    # most lines are bad here: max_lost_fraction=1 lets skip leave out more than half (test_skip_limit.py)
     data = TextDetData(tmp_path, "train.txt", "val.txt", crop_size=32, eval_size=(64, 96), max_polys=4,
-                       bad_samples="skip")
+                       bad_samples="skip", max_lost_fraction=1)
     train, val = data.build("train", 0), data.build("val", 0)
     assert len(train) == 2 and len(data.skipped["train"]) == len(BAD_LINES)
     assert all(f"train.txt:{n}" in msg for n, msg in zip(range(3, 8), data.skipped["train"]))

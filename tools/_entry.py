@@ -24,12 +24,14 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from zoo.engine.from_run import value_from_run  # noqa: E402
+from zoo.engine.from_run import evaluated_run_name, value_from_run  # noqa: E402
 from zoo.engine.runinfo import run_stamp  # noqa: E402
 
 OmegaConf.register_new_resolver("run_stamp", run_stamp, replace=True)
 # ${from_run:KEY,FALLBACK,SOURCE...}: KEY of the run a tool is given (eval.yaml / export.yaml name their folder by it)
 OmegaConf.register_new_resolver("from_run", value_from_run, replace=True)
+# ${evaluated_run_name:FALLBACK,SOURCE...}: eval.yaml's folder name, the run's in the precision evaluated
+OmegaConf.register_new_resolver("evaluated_run_name", evaluated_run_name, replace=True)
 
 
 def config_of_run(cfg, alias: str, config_name: str):
@@ -210,21 +212,27 @@ def run_or_exit(fn, *args):
 
     from zoo.engine.run import NumericsFailed
     from zoo.engine.runinfo import announce
-    from zoo.engine.signals import TrainingInterrupted
+    from zoo.engine.signals import TrainingInterrupted, forget_stop, ignoring_stop_signals, last_stop
 
+    forget_stop()
     try:
         return fn(*args)
-    except TrainingInterrupted as stop:
-        announce(str(stop), sys.stderr, logging.WARNING)
-        sys.exit(stop.exit_status)
     except NumericsFailed as none:  # summary.json is written; exit 3 so a script or sweep sees it
         announce(f"error: {none}", sys.stderr, logging.ERROR)
         sys.exit(none.exit_status)
-    except KeyboardInterrupt:
-        announce("interrupted (outside the training loop; the run folder keeps its last checkpoint, if any)",
-                 sys.stderr, logging.WARNING)
-        remove_failed_start()
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        # A stop of the training (TrainingInterrupted), or a further signal that came while the stop
+        # unwound (the trainer's handlers gone): either way the trainer's line, which names the kept
+        # checkpoint and the resume command. Only a signal before training began is "outside".
+        stop = err if isinstance(err, TrainingInterrupted) else last_stop()
+        with ignoring_stop_signals():  # a further Ctrl-C must not cut the line or the exit short
+            if stop is not None:
+                announce(str(stop), sys.stderr, logging.WARNING)
+            else:
+                announce("interrupted (outside the training loop; the run folder keeps its last checkpoint, "
+                         "if any)", sys.stderr, logging.WARNING)
+                remove_failed_start()
+        sys.exit(stop.exit_status if stop is not None else 130)
     except (*user_errors(), OmegaConfBaseException) as err:
         status = report_error(err)
         remove_failed_start()

@@ -71,6 +71,38 @@ def value_from_run(key: str, fallback, *sources):
     return fallback
 
 
+def _typed_choice(group: str) -> str | None:
+    """``group=<choice>`` as typed on the running Hydra tool's command line (the last one), or None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        overrides = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001  (no Hydra app: nothing was typed)
+        return None
+    typed = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{group}=")]
+    return typed[-1] if typed else None
+
+
+def evaluated_run_name(fallback, *sources):
+    """configs/eval.yaml's folder name: the run's ``run_name``, in the precision it is evaluated in.
+
+    ``tools/eval.py run=<O1 run> amp=fp32`` evaluates in fp32, so its folder says fp32: a run name of
+    the default form (``<model>_<data>_<amp>_seed<seed>``, configs/train.yaml) gets the typed amp in
+    its amp's place, any other name ``_<amp>`` at its end. Without a run: ``fallback``."""
+    name = value_from_run("run_name", None, *sources)
+    if name is None:
+        return fallback
+    amp, trained = _typed_choice("amp"), value_from_run("amp.name", None, *sources)
+    if amp is None or amp == trained:
+        return name
+    model, data, seed = (value_from_run(k, None, *sources) for k in ("model.name", "data.name", "seed"))
+    if name == f"{model}_{data}_{trained}_seed{seed}":
+        return f"{model}_{data}_{amp}_seed{seed}"
+    return f"{name}_{amp}"
+
+
 def resolve_weights(path: str | Path, key: str = "checkpoint") -> tuple[dict, str]:
     """Model weights from a run folder, a training checkpoint or a weights file, and what was used.
 

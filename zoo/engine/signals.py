@@ -8,6 +8,7 @@ before each evaluation batch, between phases. There the first signal becomes
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -15,6 +16,40 @@ import threading
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_last_stop: TrainingInterrupted | None = None  # the newest stop's line, for a signal that follows it
+
+
+def record_stop(stop: TrainingInterrupted) -> TrainingInterrupted:
+    """Remember ``stop`` (the run's last words): a further signal while the program unwinds (the
+    handlers are Python's again) is reported with it (:func:`last_stop`), not as a stop elsewhere."""
+    global _last_stop
+    _last_stop = stop
+    return stop
+
+
+def last_stop() -> TrainingInterrupted | None:
+    """The stop recorded since :func:`forget_stop`, if any."""
+    return _last_stop
+
+
+def forget_stop() -> None:
+    global _last_stop
+    _last_stop = None
+
+
+@contextlib.contextmanager
+def ignoring_stop_signals():
+    """Drop SIGINT/SIGTERM inside the block (the stop line is being written; the program is leaving),
+    then put the handlers back. Outside the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -22,13 +22,23 @@ from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.metrics_log import MetricsLog
-from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted
+from zoo.engine.resume_hint import resume_command
+from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted, forget_stop, record_stop
 from zoo.engine.summary import FitResult
 from zoo.utils import distributed as dist
 from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, check_table, prefixed
 from zoo.utils.progress import Progress
 
 log = logging.getLogger(__name__)
+
+def _file_identity(path: Path) -> tuple | None:
+    """What changes when a file is replaced (a rename gives it another inode), or None if absent."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN/inf in a run without a loss scaler to absorb it."""
@@ -102,6 +112,7 @@ class Trainer:
         self.images_seen = 0
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
+        self._writing: tuple | None = None  # (step, the file's identity before) while a checkpoint is written
         self.resume_changes: dict | None = None  # settings that differ from the resumed checkpoint's
         # What the run is doing (named by the interruption line), and whether an evaluation due at
         # this step has not finished: a checkpoint written meanwhile says so, and a resume redoes it.
@@ -142,9 +153,20 @@ class Trainer:
     def save_checkpoint(self) -> None:
         dist.sync_buffers(self.model, self.ema)
         if self.main:
-            ckpt.atomic_save(self.state_dict(), ckpt.last_checkpoint(self.out_dir))
+            path = ckpt.last_checkpoint(self.out_dir)
+            self._writing = (self.step, _file_identity(path))
+            ckpt.atomic_save(self.state_dict(), path)
         dist.barrier()
-        self.saved_step = self.step
+        self.saved_step, self._writing = self.step, None
+
+    def kept_step(self) -> int | None:
+        """The step of the checkpoint on disk. A write cut short (a second signal) either renamed the
+        new file into place or left the old one, both whole: the file's identity tells which."""
+        if self._writing is not None:
+            step, before = self._writing
+            if _file_identity(ckpt.last_checkpoint(self.out_dir)) != before:
+                return step
+        return self.saved_step
 
     def _maybe_resume(self) -> None:
         own = ckpt.last_checkpoint(self.out_dir)
@@ -178,6 +200,7 @@ class Trainer:
         if self.stop.active:
             yield self.stop
             return
+        forget_stop()
         with StopRequests(enabled=dist.world_size() == 1) as stop:
             self.stop = stop
             try:
@@ -185,11 +208,14 @@ class Trainer:
             except TrainingInterrupted:
                 raise
             except StopRequested as req:  # at a safe point: the state is whole, save it
-                if self.step and self.saved_step != self.step:
-                    self.save_checkpoint()
-                raise self._interrupted(req.signum, saved=self.saved_step == self.step) from None
+                try:
+                    if self.step and self.saved_step != self.step:
+                        self.save_checkpoint()
+                except KeyboardInterrupt as again:  # a second signal while it is written
+                    raise self._interrupted(getattr(again, "signum", req.signum), at_once=True) from None
+                raise self._interrupted(req.signum) from None
             except KeyboardInterrupt as e:  # a second signal, or one outside the handlers' reach
-                raise self._interrupted(getattr(e, "signum", signal.SIGINT), saved=False) from None
+                raise self._interrupted(getattr(e, "signum", signal.SIGINT), at_once=True) from None
             finally:
                 self.stop = StopRequests(enabled=False)
 
@@ -293,17 +319,22 @@ class Trainer:
                                   "trainer.resume=auto once the file is fixed") from None
         raise err
 
-    def _interrupted(self, signum: int, saved: bool) -> TrainingInterrupted:
-        path = ckpt.last_checkpoint(self.out_dir)
-        if saved or self.saved_step == self.step:
+    def _interrupted(self, signum: int, at_once: bool = False) -> TrainingInterrupted:
+        """The stop's one line: where it stopped, the step whose checkpoint is kept, the command that
+        resumes it. ``at_once``: a second signal stopped the run where it was, not at a safe point."""
+        path, kept = ckpt.last_checkpoint(self.out_dir), self.kept_step()
+        if kept == self.step:
             where = f"checkpoint saved to {path}"
-        elif self.saved_step is not None:
-            where = f"not saved since step {self.saved_step} ({path})"
+        elif kept is not None:
+            lost = f"step {self.step}" if kept + 1 == self.step else f"steps {kept + 1}-{self.step}"
+            where = f"the checkpoint of step {kept} is kept ({path}; {lost} not saved)"
         else:
             where = "no checkpoint saved yet"
-        hint = ", resume with trainer.resume=auto" if self.saved_step is not None else ""
+        hint = f", resume with {resume_command(self.out_dir)}" if kept is not None else ""
         during = "" if self.phase == "training" else f" ({self.phase})"
-        return TrainingInterrupted(f"interrupted at step {self.step}{during}; {where}{hint}", signum)
+        how = f" by a second {signal.Signals(signum).name}, at once" if at_once else ""
+        return record_stop(TrainingInterrupted(f"interrupted at step {self.step}{during}{how}; {where}{hint}",
+                                               signum))
 
     def train_step(self, batch) -> tuple[dict[str, float], bool, list[str]]:
         """Forward, backward, optimizer step: the same calls whatever the precision.

@@ -17,8 +17,8 @@ from zoo.export.layers import plot
 from zoo.export.precision import PRECISIONS
 from zoo.export.precision_check import CheckSettings, Deployment, PrecisionRefused, check_precision_export
 
-__all__ = ["CHECK_FILES", "PLOT", "REPORT", "YML_KEY", "check_mode", "consumer_notes", "run_precision_check",
-           "skipped_report", "write_report", "yml_block"]
+__all__ = ["CHECK_FILES", "PLOT", "REPORT", "YML_KEY", "check_mode", "consumer_notes", "more_images_key",
+           "run_precision_check", "skipped_report", "write_report", "yml_block"]
 
 REPORT, PLOT = PRECISION_REPORT, PRECISION_PLOT
 CHECK_FILES = (REPORT, PLOT)
@@ -50,7 +50,18 @@ def _deployment(cfg, model, task) -> Deployment:
     net = task.checked_module(model)
     net.eval()
     return Deployment(net, lambda: build(cfg.model.task, "model.task"), val_set,
-                      int(cfg.model.eval_batch_size), float(cfg.export.get("draw_threshold", 0.5)))
+                      int(cfg.model.eval_batch_size), float(cfg.export.get("draw_threshold", 0.5)),
+                      more_images_key(cfg))
+
+
+# The key that sizes the validation split (the embedded generated sets), else the one naming its file.
+_VAL_KEYS = ("num_val", "val_list", "val_label", "val_ann")
+
+
+def more_images_key(cfg) -> str | None:
+    """The ``data.builder`` key a resolution note names for checking on more images, or None."""
+    builder = cfg.data.get("builder") or {}
+    return next((f"data.builder.{k}" for k in _VAL_KEYS if k in builder), None)
 
 
 def consumer_notes(precision: str, black_list: list[str]) -> dict:

@@ -114,10 +114,12 @@ def _classification_plan(cfg, model, task) -> _Plan:
     """A classifier: softmax probabilities; PaddleClas's resize, crop and Topk in the yml."""
     ex = cfg.export
     _layout(ex.get("layout"), ("paddlex",), "paddlex")
-    model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name))
+    model_name = ex.model_name or paddlex_cls_name(str(cfg.model.name), model)
     if not model_name:
-        raise ExportError(f"export.model_name: no PaddleX classification name for model {cfg.model.name}; "
-                          f"pass one, e.g. export.model_name=ResNet18")
+        raise ExportError(f"export.model_name: model {cfg.model.name} is not a ResNet, so no PaddleX "
+                          "classification name follows from it; pass the one the client is given (it only "
+                          "selects PaddleX's classifier; inference.yml holds the preprocessing), e.g. "
+                          "export.model_name=ResNet18 (docs/export.md, Classification)")
     size = int(cfg.data.builder.image_size)
     yml = cls_inference_yml(model_name, size, cfg.data.builder.get("resize_size"), *_normalization(cfg),
                             num_classes=cfg.data.get("num_classes"))

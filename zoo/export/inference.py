@@ -111,10 +111,22 @@ def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_N
             "PostProcess": {"name": "DBPostProcess", **post}}
 
 
-def paddlex_cls_name(model_name: str) -> str | None:
-    """PaddleX/PaddleClas name of one of our ResNets (``resnet50_vd`` -> ``ResNet50_vd``), else None."""
+# PaddleX's ResNet classification models (paddlex/configs/modules/image_classification).
+PADDLEX_RESNET_DEPTHS = (18, 34, 50, 101, 152, 200)
+
+
+def paddlex_cls_name(model_name: str, net=None) -> str | None:
+    """PaddleX/PaddleClas name of one of our ResNets (``resnet50_vd`` -> ``ResNet50_vd``), else, for
+    another model built as a ResNet (``resnet_tiny``: depth 18, vd), the name of its depth and
+    variant (``ResNet18_vd``), else None. The name only selects PaddleX's client (the yml holds the
+    preprocessing), so a ResNet's own depth and variant is the natural choice."""
     m = re.fullmatch(r"resnet(\d+)(_vd)?", model_name)
-    return f"ResNet{m.group(1)}{m.group(2) or ''}" if m else None
+    if m:
+        return f"ResNet{m.group(1)}{m.group(2) or ''}"
+    depth, variant = getattr(net, "depth", None), getattr(net, "variant", None)
+    if depth in PADDLEX_RESNET_DEPTHS and variant in ("b", "vd"):
+        return f"ResNet{depth}{'_vd' if variant == 'vd' else ''}"
+    return None
 
 
 def cls_inference_yml(model_name: str, image_size: int, resize_size: int | None = None,

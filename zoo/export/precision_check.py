@@ -117,6 +117,7 @@ class Deployment:
     val_set: object
     batch_size: int
     draw_threshold: float = 0.5    # detections below it do not count in the agreement (the client hides them)
+    more_images_key: str | None = None  # the data key a note names for a larger split (data.builder.num_val)
 
     def forward(self, net, batch):
         return net(batch["image"])
@@ -194,7 +195,7 @@ def check_precision_export(dep: Deployment, precision: str, dtype: str, settings
     _require_finite_fp32(ref, precision)
     metric, n = ref.task.primary_metric, ref.task.n_evaluated_images()
     rule = margin_rule(metric, settings.margin_for(metric), *ref.task.metric_unit(n, ref.sums, dep.val_set), n,
-                       settings.level)
+                       settings.level, dep.more_images_key)
     resamples = min(settings.resamples, getattr(ref.task, "max_resamples", None) or settings.resamples)
     log(f"precision check: {metric} of the FP32 export {100 * ref.metrics[metric]:.2f} on {n} images; "
         f"deployed {precision} emulated (zoo/export/deployed.py)")

@@ -47,6 +47,8 @@ from zoo.data.coco.transforms import (
     resize_batch,
 )
 from zoo.data.images import ImageDecodeError, read_image_rgb, verify_image_file
+from zoo.data.skip_limit import DEFAULT_MAX_LOST_FRACTION, check_max_lost_fraction, lost_line, refuse_if_most_lost
+from zoo.data.skip_limit import KEY as MAX_LOST_KEY
 from zoo.data.text_encoding import decode_utf8
 
 __all__ = ["COCODetData", "COCODetDataset", "CocoInstances", "PPYOLOE_MULTISCALE", "load_coco_instances"]
@@ -69,6 +71,8 @@ class CocoInstances:
     ``notes``: messages of the boxes the fit-to-image rule clipped or dropped (see
     :func:`load_coco_instances`) in the images read, by image id, then in file order.
     ``gt``: the COCO dict restricted to the kept images (only with ``keep_gt``).
+    ``num_images``, ``num_annotations``: the json's entries; ``lost_annotations``: those left out
+    with a skipped problem (their own or their image's); :attr:`lost_images` likewise.
     """
 
     records: list
@@ -84,6 +88,14 @@ class CocoInstances:
     duplicate_ids: list = field(default_factory=list)   # ... of exact repeats of an earlier box (dropped)
     notes: list = field(default_factory=list)           # one message per box above: what was done and why
     gt: dict | None = None
+    num_images: int = 0
+    num_annotations: int = 0
+    lost_annotations: int = 0
+
+    @property
+    def lost_images(self) -> int:
+        """Images of the json left out with a skipped problem (not those dropped for having no boxes)."""
+        return self.num_images - len(self.records) - self.num_empty_dropped
 
 
 def _read_json(path: Path) -> dict:
@@ -157,6 +169,7 @@ class _Image:
     boxes: list = field(default_factory=list)         # (xyxy, label) to train on
     kept: list = field(default_factory=list)          # the annotations evaluation's ground truth holds
     fitted: list = field(default_factory=list)        # (kind, annotation id, note) of boxes fitted to the image
+    annotations: int = 0                              # annotations naming this image, good or bad
 
 
 def _index_images(data: dict, path: Path, problem) -> tuple[dict, set]:
@@ -246,11 +259,13 @@ def load_coco_instances(ann_file, image_root, bad_samples: str = "fail", allow_e
 
     images, bad = _index_images(data, path, problem)
     _read_annotations(data, path, images, bad, label_of, out, problem)
+    out.num_images, out.lost_annotations = len(data["images"]), out.num_annotations
     gt_anns = []
     for iid in sorted(images):
         entry = images[iid]
         if iid in bad or not _image_file_ok(entry, image_root, verify_images, problem):
             continue
+        out.lost_annotations -= entry.annotations  # read: what follows is the fit-to-image rule, not loss
         for kind, ann_id, note in entry.fitted:  # counted for the images read, whether their boxes all went or not
             getattr(out, f"{kind}_ids").append(ann_id)
             out.notes.append(note)
@@ -282,12 +297,15 @@ def _read_annotations(data: dict, path: Path, images: dict, bad: set, label_of: 
     anns = data.get("annotations") or []
     if not isinstance(anns, list):
         raise ValueError(f"{path}: 'annotations' must be a list")
+    out.num_annotations = len(anns)
     for k, ann in enumerate(anns):
         if not isinstance(ann, dict):
             problem(f"{path}: annotations[{k}]: expected an object, got {ann!r}")
             continue
         iid = ann.get("image_id")
         entry = images.get(iid) if isinstance(iid, int) else None
+        if entry is not None:
+            entry.annotations += 1
         name = f", {entry.img['file_name']}" if entry else ""
         where = f"{path}: annotation id={ann.get('id')} (image id={iid}{name})"
         missing = [key for key in ("id", "image_id", "category_id", "bbox") if key not in ann]
@@ -436,6 +454,8 @@ class COCODetData:
     Defaults follow PaddleDetection's COCO layout and ``ppyoloe_reader.yml``
     (640 train/eval size, BatchRandomResize 320..768 step 32).  ``distort``,
     ``expand``, ``crop``, ``flip`` are probabilities of those augmentations.
+    ``bad_samples="skip"`` may leave out up to ``max_lost_fraction`` of a split's images; more is an
+    error naming the json and the counts (:mod:`zoo.data.skip_limit`).
     """
 
     def __init__(self, root, train_ann: str = "annotations/instances_train2017.json",
@@ -444,7 +464,7 @@ class COCODetData:
                  multiscale=PPYOLOE_MULTISCALE, max_boxes: int = 100, allow_empty: bool = False,
                  bad_samples: str = "fail", flip: float = 0.5, distort: float = 0.5, expand: float = 0.5,
                  expand_ratio: float = 4.0, crop: float = 1.0, mean=MEAN, std=STD, channel_order: str = "RGB",
-                 verify_images: bool = True):
+                 verify_images: bool = True, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION):
         if bad_samples not in BAD_SAMPLE_POLICIES:
             raise ValueError(f"data.builder.bad_samples: expected one of {BAD_SAMPLE_POLICIES}, got {bad_samples!r}")
         if channel_order not in ("BGR", "RGB"):
@@ -458,6 +478,7 @@ class COCODetData:
         self.multiscale = tuple(int(s) for s in multiscale) if multiscale is not None else None
         self.max_boxes, self.allow_empty, self.bad_samples = int(max_boxes), bool(allow_empty), bad_samples
         self.verify_images = bool(verify_images)
+        self.max_lost_fraction = check_max_lost_fraction(max_lost_fraction)
         bgr = channel_order == "BGR"
         self.train_transform = BoxTrainTransform(image_size, flip, distort, expand, expand_ratio, crop,
                                                  mean=mean, std=std, bgr=bgr)
@@ -486,8 +507,12 @@ class COCODetData:
             inst = load_coco_instances(ann, images, self.bad_samples, self.allow_empty or not train, not train,
                                        self.verify_images)
             if inst.skipped:
-                log.warning("data: skipped %d problems in %s (data.builder.bad_samples=skip); first: %s",
-                            len(inst.skipped), ann, "; ".join(inst.skipped[:3]))
+                lost_anns = f"{inst.lost_annotations} of {inst.num_annotations} annotations"
+                refuse_if_most_lost(split, ann, inst.lost_images, inst.num_images, inst.skipped,
+                                    self.max_lost_fraction, lost_anns)
+                log.warning("data: %s: left out %s (data.builder.bad_samples=skip, up to %s=%g); first: %s", ann,
+                            lost_line(split, inst.lost_images, inst.num_images, len(inst.skipped), lost_anns),
+                            MAX_LOST_KEY, self.max_lost_fraction, "; ".join(inst.skipped[:3]))
             for ids, what in ((inst.clipped_ids, "clipped %d boxes reaching outside their image"),
                               (inst.outside_ids, "dropped %d boxes lying outside their image"),
                               (inst.degenerate_ids, "dropped %d boxes of zero width or height"),
@@ -519,6 +544,8 @@ class COCODetData:
         report = {}
         for split, inst in self._loaded.items():
             r = {"samples": len(inst.records), "skipped": len(inst.skipped), "problems": list(inst.skipped),
+                 "images_in_file": inst.num_images, "images_lost": inst.lost_images,
+                 "annotations_in_file": inst.num_annotations, "annotations_lost": inst.lost_annotations,
                  "crowd_boxes": inst.num_crowd}
             for kind in ("clipped", "outside", "degenerate", "duplicate"):
                 ids = getattr(inst, f"{kind}_ids")

@@ -34,6 +34,8 @@ from zoo.data.images import (
     read_image_rgb,
     verify_image_file,
 )
+from zoo.data.skip_limit import DEFAULT_MAX_LOST_FRACTION, check_max_lost_fraction, refuse_if_most_lost
+from zoo.data.skip_limit import KEY as MAX_LOST_KEY
 from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
 from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
 from zoo.data.text_encoding import utf8_lines
@@ -338,7 +340,8 @@ class TextDetData:
                  val_label: str = "test_icdar2015_label.txt", crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
                  channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool | str = True,
-                 keep_freed_memory: bool | int = True, **aug):
+                 keep_freed_memory: bool | int = True, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
+                 **aug):
         self.root = Path(root).expanduser()
         check_keep_freed_memory(keep_freed_memory)  # a bad value fails here, naming the key
         self.keep_freed_memory = keep_freed_memory
@@ -349,6 +352,7 @@ class TextDetData:
         if verify_images not in VERIFY_MODES:
             raise ValueError(f"data.builder.verify_images: expected true, false or decode, got {verify_images!r}")
         self.bad_samples, self.verify_images = bad_samples, verify_images
+        self.max_lost_fraction = check_max_lost_fraction(max_lost_fraction)
         self.skipped: dict[str, list[str]] = {}
         self.label_files = {"train": train_label, "val": val_label}
         self.crop_size, self.eval_size = int(crop_size), tuple(int(v) for v in eval_size)
@@ -393,9 +397,13 @@ class TextDetData:
                                                 self.root if self.verify_images else None, lines, stats,
                                                 decode=self.verify_images == "decode")
             if problems:
-                log.warning("data: skipped %d of %d samples of %s (data.builder.bad_samples=skip; all listed "
-                            "in the run folder's data_problems.txt); first: %s",
-                            len(problems), len(problems) + len(samples), path, "; ".join(problems[:3]))
+                total = len(problems) + len(samples)
+                refuse_if_most_lost(split, path, len(problems), total, problems, self.max_lost_fraction,
+                                    unit="label lines (images)")
+                log.warning("data: skipped %d of %d samples of %s (%.0f%% of the %s split's label lines, each an "
+                            "image; data.builder.bad_samples=skip, up to %s=%g; all listed in the run folder's "
+                            "data_problems.txt); first: %s", len(problems), total, path, 100 * len(problems) / total,
+                            split, MAX_LOST_KEY, self.max_lost_fraction, "; ".join(problems[:3]))
             if stats.get("clipped_polygons"):
                 log.warning("data: %s: clipped %d polygons reaching outside their image (first at %s)", path,
                             stats["clipped_polygons"], ", ".join(stats["clipped_at"][:3]))
