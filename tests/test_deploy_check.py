@@ -187,6 +187,24 @@ def test_bad_input_is_one_error_line(tmp_path, args, expected):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("args, expected", [
+    ([], "images: required"),
+    (["labels.run=/nonexistent/run"], "labels.run=/nonexistent/run: not a zoo run folder"),
+    (["labels.data=synthetic_text"], "labels: give labels.run=<zoo run folder>, or both"),
+    (["labels.data=no_such_data", "labels.model=db_det"], "labels.data=no_such_data labels.model=db_det: "),
+    (["labels.data=synthetic_shapes_det", "labels.model=ppyoloe_tiny"], "python tools/export.py run=<run folder>"),
+])
+def test_bad_labels_are_one_error_line(tmp_path, args, expected):
+    """Labelled mode (zoo/deploy/labelled.py): what is missing or cannot be checked with labels is named."""
+    model = _models() / "ch_ppocr_mobile_v2_cls_infer"
+    res = _tool(f"model_dir={model}", "preset=paddleocr_cls", *args, f"hydra.run.dir={tmp_path / 'h'}",
+                cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-1500:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], res.stderr[-1500:]
+    assert "Traceback" not in res.stderr
+
+
 def test_images_without_anything_to_find_are_refused_as_nothing_to_compare(tmp_path):
     """A blank image: the detector finds no text, so no verdict can be given (exit 1, said so)."""
     import cv2

@@ -263,15 +263,22 @@ def planted_db(shaped_db):
     return path, args, bad, float(np.abs(after - before).max())
 
 
+@pytest.fixture(scope="module")
+def planted_export(planted_db, tmp_path_factory):
+    """tools/export.py's fp16 check of the planted weights: (process, export folder)."""
+    path, args, _bad, _change = planted_db
+    return _export(tmp_path_factory.mktemp("planted_export"), *args, f"run={path}", "export.precision=fp16")
+
+
 @pytest.mark.slow
-def test_a_planted_overflow_on_some_images_is_fixed_never_accepted_with_nothing_kept(tmp_path, planted_db):
+def test_a_planted_overflow_on_some_images_is_fixed_never_accepted_with_nothing_kept(planted_db, planted_export):
     """The user's case of issue 39 item 4: FP32 unchanged, fp16 overflowing on a third of the images
     at the default margin. Before, the metric alone judged (and the scan saw one batch): "equivalent,
     keep fp32: nothing" with NaN maps. Now any non-finite output is different, and the search keeps
     the convolution and the concat after it (the concat receives the overflowing values) fp32."""
     path, args, bad, fp32_change = planted_db
     assert bad == 4 and fp32_change < 1e-5, (bad, fp32_change)  # overflows on some images, FP32 the same
-    proc, out = _export(tmp_path, *args, f"run={path}", "export.precision=fp16")
+    proc, out = planted_export
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "precision_report.json").read_text())
     first = report["without_keep_list"]
@@ -287,6 +294,50 @@ def test_a_planted_overflow_on_some_images_is_fixed_never_accepted_with_nothing_
         "first overflows at net.neck.p2_conv:conv2d (Conv2D, non-finite on 4 of 12 images (33 %))" in line, line
     assert 0.5 < report["compute"]["fp32_share"] < 1 and report["compute"]["warning"]  # conv2d is most of DB
     assert any(ln.startswith("warning: fp16 in name only") for ln in proc.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_the_deploy_check_with_labels_agrees_with_the_export_check_on_its_export(tmp_path, planted_db,
+                                                                                   planted_export):
+    """Round trip (issue 35): the planted weights exported in FP32, then tools/deploy_check.py with the
+    same labelled data (labels.data / labels.model): the program, run op by op by the deploy check's
+    interpreter, gets the export check's findings: the FP32 hmean, the images that overflow, the op
+    where the overflow starts (the same conv, named by its program variable), the keep-list and the
+    verdict. The two runs are different executions (a dygraph network and its exported program, whose
+    FP32 outputs differ by ~1e-5), so the low-precision hmean may differ by rounding flips: within one
+    text box."""
+    path, args, bad, _ = planted_db
+    proc, checked = planted_export
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exp = json.loads((checked / "precision_report.json").read_text())
+    fp32_proc, fp32_export = _export(tmp_path, *args, f"run={path}", "export.precision=fp32", name="fp32")
+    assert fp32_proc.returncode == 0, fp32_proc.stderr[-3000:]
+    rest = [a for a in args if not a.startswith(("model=", "data="))]
+    overrides = "[" + ",".join(f"'{a}'" for a in rest) + "]"
+    out = tmp_path / "deploy"
+    res = run_tool([str(ROOT / "tools" / "deploy_check.py"), f"model_dir={fp32_export}", "precision=fp16",
+                    "labels.data=icdar2015", "labels.model=db_det_tiny", f"labels.overrides={overrides}", f"out_dir={out}",
+                    f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dep = json.loads((out / "deploy_report.json").read_text())["labelled"]["fp16"]
+    assert dep["source"].startswith("data=icdar2015 model=db_det_tiny")
+    assert dep["fp32"]["hmean"] == pytest.approx(exp["fp32"]["hmean"], abs=1e-9)
+    first = dep["without_keep_list"]
+    assert first["nonfinite"]["nonfinite_images"] == exp["without_keep_list"]["nonfinite"]["nonfinite_images"] == bad
+    assert first["verdict"] == exp["without_keep_list"]["verdict"] == "different"
+    where = first["first_overflow"]
+    assert where["key"].endswith(":conv2d") and where["nonfinite_images"] == bad and where["images"] == 12
+    from zoo.deploy.program import load_program
+
+    program = load_program(fp32_export)  # the op named is the planted p2 conv: its filter is that conv's weight
+    conv = next(op for op in program.ops if where["key"].split(":")[0] in op.outputs.get("Output", []))
+    planted = paddle.load(str(path))["neck.p2_conv.weight"].numpy()
+    assert np.array_equal(program.params[conv.inputs["Filter"][0]], planted)
+    assert dep["keep_fp32"] == exp["keep_fp32"] == ["conv2d", "concat"] and dep["verdict"] == "equivalent"
+    unit = exp["resolution"]["unit_pp"]
+    assert abs(dep["delta_pp"] - exp["delta_pp"]) <= unit + 1e-9, (dep["delta_pp"], exp["delta_pp"], unit)
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("fp16 with labels: equivalent"))
+    assert "keep fp32: ['conv2d', 'concat']" in line and "first overflows at " in line, line
 
 
 @pytest.mark.slow

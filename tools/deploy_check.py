@@ -31,13 +31,18 @@ def _quote_commas(argv: list[str]) -> list[str]:
     return out
 
 
+def _compose(overrides: list[str]):
+    """configs/eval.yaml with ``overrides`` (labels.data / labels.model): Hydra's compose API inside this app."""
+    return hydra.compose(config_name="eval", overrides=overrides)
+
+
 @hydra.main(version_base="1.3", config_path=_entry.CONFIG_DIR, config_name="deploy_check")
 def main(cfg: DictConfig) -> None:
     from zoo.deploy.run import DeployRefused, run_deploy_check
 
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(HydraConfig.get().runtime.output_dir)
     try:
-        _entry.run_or_exit(run_deploy_check, cfg, out_dir, print)
+        _entry.run_or_exit(run_deploy_check, cfg, out_dir, print, _compose)
     except DeployRefused as refused:  # the check ran and said no: status 1, as a failed test
         _entry.announce_error(refused)
         sys.exit(1)

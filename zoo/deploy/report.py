@@ -88,7 +88,7 @@ def write_outputs(report: dict, out_dir: Path, model_dir: Path) -> Path:
     """Write everything (module docstring) into ``out_dir``; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for p, section in report["precisions"].items():
+    for p, section in report["precisions"].items():  # the check on the user's images (zoo/deploy/check.py)
         rows = section.pop("_rows", None)
         if rows:
             name = f"deploy_{p}.png"
@@ -112,6 +112,12 @@ def write_outputs(report: dict, out_dir: Path, model_dir: Path) -> Path:
                                                          "paddle_inference_black_list", "tensorrt_disable_ops")}
             (out_dir / f"inference.{p}.yml").write_text(
                 yaml.safe_dump(_clean(data), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    for p, section in report.get("labelled", {}).items():
+        rows = section.pop("_rows", None)
+        if rows:
+            name = f"deploy_{p}_labelled.png"
+            plot(rows[0], out_dir / name, f"{report['model_dir']}: {p} on labelled data, without a keep-list")
+            section.setdefault("layers", {})["plot"] = name
     path = out_dir / REPORT
     path.write_text(json.dumps(_clean(report), indent=2) + "\n", encoding="utf-8")
     return path

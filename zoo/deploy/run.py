@@ -68,24 +68,65 @@ def prepare_inputs(paths, preprocess, feeds) -> Inputs:
     return Inputs(list(paths), prepared, metas, list(feeds))
 
 
-def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
+def run_deploy_check(cfg, out_dir: Path, log=print, compose=None) -> dict:
     """The whole check (``cfg``: configs/deploy_check.yaml); returns the report. Raises
-    :class:`DeployRefused` after writing it when a precision is refused."""
-    from zoo.deploy.inputs import list_images
+    :class:`DeployRefused` after writing it when a precision is refused. ``compose(overrides)``
+    composes configs/eval.yaml for ``labels.data`` / ``labels.model`` (zoo/deploy/labelled.py)."""
     from zoo.deploy.interpreter import ProgramNet
-    from zoo.deploy.preprocess import build_preprocess
+    from zoo.deploy.labelled import wants_labels
     from zoo.deploy.program import fold_batch_norms, load_program
-    from zoo.deploy.report import REPORT, verdict_line, write_outputs
-    from zoo.deploy.tasks import build_task
+    from zoo.deploy.report import REPORT, write_outputs
 
     t0 = time.time()
     precisions = parse_precisions(cfg.precision)
     settings = _settings(dict(cfg.check))
+    labels = cfg.get("labels")
+    has_labels, has_images = wants_labels(labels), bool(cfg.get("images"))
+    if not (has_labels or has_images):
+        raise DeployError("images: required (a folder, a glob or a comma list of your images), unless labels.run= "
+                          "or labels.data= + labels.model= give a labelled zoo data set")
     model_dir = Path(str(cfg.model_dir)).expanduser()
     program = load_program(model_dir)
     folded, n_folded = fold_batch_norms(program)
     net = ProgramNet(folded)
     net.eval()
+    report = {"model_dir": str(model_dir), "program": {"format": program.source, "ops": len(program.ops),
+                                                        "batch_norms_folded": n_folded, "feeds": folded.feeds,
+                                                        "fetches": folded.fetches},
+              "precisions": {}}
+    lines, refused, empty = [], [], []
+    if has_images:
+        lines += _unlabelled(cfg, model_dir, program, folded, n_folded, net, precisions, settings, report, log)
+        empty = [p for p, s in report["precisions"].items() if s["verdict"] == "nothing to compare"]
+        refused = [p for p, s in report["precisions"].items() if s["verdict"] == "refused"]
+    if has_labels:
+        lines += _labelled(labels, folded, net, precisions, settings, report, compose, log)
+        refused += [f"{p} (labels)" for p, s in report["labelled"].items() if s["verdict"] == "refused"]
+    report["seconds"] = time.time() - t0
+    report["git_revision"] = git_revision()
+    path = write_outputs(report, out_dir, model_dir)
+    for line in lines:
+        log(line)
+    log(f"report: {path} ({time.time() - t0:.0f} s)")
+    if empty:
+        raise DeployRefused(f"{', '.join(empty)}: the FP32 model predicts no {report['precisions'][empty[0]]['unit']} "
+                            f"on any of the {len(report['images'])} images, so there is nothing to compare; give "
+                            f"images on which it finds something; report: {out_dir / REPORT}")
+    if refused:
+        raise DeployRefused(f"{', '.join(refused)}: no keep-list within check.max_keep={settings.max_keep} and "
+                            f"check.max_evaluations={settings.max_evaluations} keeps the predictions of FP32; "
+                            f"report: {out_dir / REPORT}")
+    return report
+
+
+def _unlabelled(cfg, model_dir, program, folded, n_folded, net, precisions, settings, report, log) -> list[str]:
+    """The check on the user's images, without labels (zoo/deploy/check.py): fills ``report``, returns
+    the verdict lines."""
+    from zoo.deploy.inputs import list_images
+    from zoo.deploy.preprocess import build_preprocess
+    from zoo.deploy.report import verdict_line
+    from zoo.deploy.tasks import build_task
+
     preprocess, kind, source = build_preprocess(model_dir, cfg.get("preset"), task=cfg.get("task"))
     preprocess = _with_overrides(preprocess.for_feeds(folded.feeds), cfg)
     task = build_task(kind, postprocess=preprocess.postprocess, character_dict=cfg.get("character_dict"))
@@ -96,11 +137,7 @@ def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
     inputs = prepare_inputs(paths, preprocess, folded.feeds)
     log(f"deploy check: {model_dir} ({program.source}, {len(program.ops)} ops, {n_folded} BatchNorms folded as "
         f"Paddle Inference does), task {kind} ({source}), {len(paths)} images")
-
-    report = {"model_dir": str(model_dir), "program": {"format": program.source, "ops": len(program.ops),
-                                                        "batch_norms_folded": n_folded, "feeds": folded.feeds,
-                                                        "fetches": folded.fetches},
-              "task": kind, "preprocess": source, "images": [str(p) for p in paths], "precisions": {}}
+    report.update(task=kind, preprocess=source, images=[str(p) for p in paths])
     lines = []
     for precision in precisions:
         log(f"{precision}: FP32 and the emulated {precision} deployment (its numbers in FP32 arithmetic), op by op")
@@ -113,20 +150,28 @@ def run_deploy_check(cfg, out_dir: Path, log=print) -> dict:
         section["fp32_seconds"] = ref.seconds
         report["precisions"][precision] = section
         lines.append(verdict_line(section))
-    report["seconds"] = time.time() - t0
-    report["git_revision"] = git_revision()
-    path = write_outputs(report, out_dir, model_dir)
-    for line in lines:
-        log(line)
-    log(f"report: {path} ({time.time() - t0:.0f} s)")
-    empty = [p for p, s in report["precisions"].items() if s["verdict"] == "nothing to compare"]
-    if empty:
-        raise DeployRefused(f"{', '.join(empty)}: the FP32 model predicts no {report['precisions'][empty[0]]['unit']} "
-                            f"on any of the {len(paths)} images, so there is nothing to compare; give images on "
-                            f"which it finds something; report: {out_dir / REPORT}")
-    refused = [p for p, s in report["precisions"].items() if s["verdict"] == "refused"]
-    if refused:
-        raise DeployRefused(f"{', '.join(refused)}: no keep-list within check.max_keep={settings.max_keep} and "
-                            f"check.max_evaluations={settings.max_evaluations} keeps the predictions of FP32; "
-                            f"report: {out_dir / REPORT}")
-    return report
+    return lines
+
+
+def _labelled(labels, folded, net, precisions, settings, report, compose, log) -> list[str]:
+    """The metric verdict on a labelled zoo data set (zoo/deploy/labelled.py): fills
+    ``report["labelled"]``, returns the verdict lines."""
+    from zoo.deploy.labelled import check_labelled
+    from zoo.export.checked_export import consumer_notes
+    from zoo.export.precision_check import PrecisionRefused
+    from zoo.export.precision_report import check_lines, check_summary, refusal
+
+    report["labelled"] = {}
+    lines = []
+    for precision in precisions:
+        try:
+            section = check_labelled(net, folded, labels, precision, settings, compose=compose, log=log)
+            said = [f"{precision} with labels: " + line.removeprefix("precision check: ").replace(
+                "(precision_report.json)", "(deploy_report.json, labelled)") for line in check_lines(check_summary(section))]
+        except PrecisionRefused as refused:
+            section = refused.report
+            said = [f"{precision} with labels: refused: {refusal(section)}"]
+        section["consumers"] = consumer_notes(precision, section.get("consumer_black_list") or [])
+        report["labelled"][precision] = section
+        lines += said
+    return lines
