@@ -87,21 +87,30 @@ def test_failed_start_from_the_command_line_leaves_no_outputs_folder(tmp_path):
     assert out.returncode == 2 and [p.name for p in (tmp_path / "outputs").iterdir()] == ["keep"]
 
 
-def test_resume_refuses_changed_settings_and_lists_them(tiny_cfg, tmp_path):
+def test_resume_refuses_changed_settings_and_lists_them(tiny_cfg, tmp_path, caplog):
     from zoo.engine.checkpoint import CheckpointError
 
     run = tmp_path / "runs" / "a"
     train(tiny_cfg("trainer.max_steps=2"), run)
     (run / "summary.json").unlink()  # as if killed after its last checkpoint
     before = (run / "checkpoints" / "last.pdckpt").read_bytes()
-    with pytest.raises(CheckpointError) as err:
-        train(tiny_cfg("trainer.max_steps=4", "trainer.resume=auto", "model.batch_size=8", "optim.lr=0.5"),
-              tmp_path / "runs" / "b")
+    changed = ("trainer.max_steps=4", "model.batch_size=8", "optim.lr=0.5")
+    with pytest.raises(CheckpointError) as err:  # named explicitly: refused, the keys listed
+        train(tiny_cfg(*changed, f"trainer.resume={run}"), tmp_path / "runs" / "b")
     msg = str(err.value)
     assert "model.batch_size: 16 -> 8" in msg and "optim.lr:" in msg and "-> 0.5" in msg
     assert "trainer.max_steps" not in msg and "trainer.resume:" not in msg  # safe to change: not listed
     assert "trainer.resume_allow_changes=true" in msg
     assert (run / "checkpoints" / "last.pdckpt").read_bytes() == before
+    assert not (tmp_path / "runs" / "b").exists()  # a refused start leaves no folder
+
+    # auto takes only a run with these settings: it passes over this one, saying why, and starts fresh
+    caplog.set_level("INFO")
+    fresh = train(tiny_cfg(*changed, "trainer.resume=auto"), tmp_path / "runs" / "c")
+    assert fresh["resumed_from"] is None and fresh["steps"] == 4
+    passed = [r.getMessage() for r in caplog.records if "passing over a:" in r.getMessage()]
+    assert len(passed) == 1 and "model.batch_size: 16 -> 8" in passed[0] and "resume_allow_changes" in passed[0]
+    assert not (run / "summary.json").exists()  # still unfinished: nothing continued it
 
     summary = train(tiny_cfg("trainer.max_steps=4", "trainer.resume=auto", "model.batch_size=8",
                              "trainer.resume_allow_changes=true", "trainer.log_every=2"), tmp_path / "runs" / "b")
@@ -120,10 +129,11 @@ def test_resume_with_the_same_settings_records_no_changes(tiny_cfg, tmp_path):
 
 def test_resume_auto_does_not_continue_a_run_that_is_still_alive(tiny_cfg, tmp_path):
     from zoo.engine import checkpoint as ckpt
+    from zoo.engine.resume import find_resume
 
     live = tmp_path / "runs" / "a_live"
     train(tiny_cfg("trainer.max_steps=2"), live)
     (live / "summary.json").unlink()  # looks unfinished ...
     with RunLock(live):  # ... but its process is alive
-        assert ckpt.find_resume("auto", tmp_path / "runs" / "b") is None
-    assert ckpt.find_resume("auto", tmp_path / "runs" / "b") == live / "checkpoints" / ckpt.LAST
+        assert find_resume("auto", tmp_path / "runs" / "b") is None
+    assert find_resume("auto", tmp_path / "runs" / "b") == live / "checkpoints" / ckpt.LAST

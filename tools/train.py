@@ -26,7 +26,8 @@ def main(cfg: DictConfig) -> float:
     from zoo.diagnostics.nonfinite_step import locate_and_describe
 
     summary = _entry.run_or_exit(
-        lambda c, out: train(c, out, predict_memory=_predict_memory, locate_nonfinite=locate_and_describe),
+        lambda c, out: train(c, out, predict_memory=_predict_memory, locate_nonfinite=locate_and_describe,
+                             command_line=list(HydraConfig.get().overrides.task)),
         cfg, HydraConfig.get().runtime.output_dir)
     return summary["primary_metric"]["value"]
 

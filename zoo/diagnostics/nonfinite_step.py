@@ -41,6 +41,8 @@ def locate(model, forward, backward) -> dict:
     with LayerNames(model) as names:
         def grad_hook(where, low_dtype):
             def hook(g):
+                if g is None:  # an output the loss does not depend on (BatchNorm's saved statistics)
+                    return g
                 # an emulated low-precision output's gradient is rounded to its format on the way in
                 # (zoo/amp/emulation.py), as a GPU's fp16 gradient is: judge it in that format
                 judged = g.astype(low_dtype) if low_dtype else g

@@ -1,9 +1,10 @@
-"""Checkpoints: atomic writes, complete training state, and finding what to resume from.
+"""Checkpoints: atomic writes, complete training state, and whether a resume may use one.
 
 A checkpoint holds model, optimizer (with its LR scheduler), AMP scaler, EMA, step, RNG states and
 the resolved config, so a killed run continues exactly (detectron2 and mmengine keep the scaler;
 PaddleClas does not). Writes go to a temporary file in the same folder and are renamed into place,
-so a kill mid-write never leaves a truncated ``last.pdckpt``.
+so a kill mid-write never leaves a truncated ``last.pdckpt``. Which checkpoint a run continues, and
+the mark on the run it continued, are zoo/engine/resume.py's.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from zoo.engine.runlock import holder_if_locked
 from zoo.utils.runfolder import BEST, CKPT_DIR, LAST, atomic_save, best_weights, last_checkpoint  # noqa: F401  (re-exported: the engine's names)
 from zoo.weights import safe_load
 from zoo.weights.loading import compare_state_dict
@@ -79,6 +79,12 @@ def config_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
             if old.get(k, missing) != new.get(k, missing)}
 
 
+def unsafe_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
+    """The changes of :func:`config_changes` that a resume may not make (not in
+    :data:`SAFE_TO_CHANGE_ON_RESUME`)."""
+    return {k: v for k, v in config_changes(saved_yaml, new_yaml).items() if k not in SAFE_TO_CHANGE_ON_RESUME}
+
+
 def check_resume_config(saved_yaml: str | None, new_yaml: str, source, allow_changes: bool) -> dict:
     """Compare a checkpoint's config with this run's before resuming from it.
 
@@ -131,46 +137,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     paddle.set_rng_state(state["paddle"])
-
-
-def _unfinished_run(run_dir: Path) -> Path | None:
-    ckpt = last_checkpoint(run_dir)
-    if not ckpt.is_file() or (run_dir / "summary.json").exists():
-        return None
-    holder = holder_if_locked(run_dir)
-    if holder:  # not killed: still running; continuing it would fork it
-        log.warning("trainer.resume=auto: %s is still running (%s); not resuming it", run_dir, holder)
-        return None
-    return ckpt
-
-
-def find_resume(resume, out_dir: Path) -> Path | None:
-    """Resolve ``trainer.resume`` (null | auto | path to a checkpoint or run folder) to a file.
-
-    ``auto`` takes this run folder's checkpoint if it has one, else the newest unfinished sibling
-    run (same parent folder, i.e. same run name: the run that was killed), else starts fresh.
-    """
-    if resume in (None, False, "", "null", "none"):
-        return None
-    if resume == "auto":
-        own = last_checkpoint(out_dir)
-        if own.is_file():
-            return own
-        siblings = sorted((p for p in out_dir.parent.iterdir() if p.is_dir() and p != out_dir),
-                          key=lambda p: p.name, reverse=True) if out_dir.parent.is_dir() else []
-        for sib in siblings:
-            found = _unfinished_run(sib)
-            if found is not None:
-                return found
-        log.info("trainer.resume=auto: no unfinished run of this name under %s; starting fresh",
-                 out_dir.parent)
-        return None
-    path = Path(str(resume))
-    if path.is_dir():
-        path = last_checkpoint(path)
-    if not path.is_file():
-        raise CheckpointError(f"trainer.resume={resume}: no checkpoint at {path}")
-    return path
 
 
 # Paddle keys optimizer state by parameter *variable* names (``conv2d_60.w_0_velocity_0``), which

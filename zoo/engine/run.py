@@ -28,7 +28,7 @@ from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.nonfinite import describe as describe_nonfinite
 from zoo.amp.numerics_guard import SETTINGS as GUARD_SETTINGS
 from zoo.amp.numerics_guard import NumericsGuardStop
-from zoo.engine import final_eval, provenance
+from zoo.engine import final_eval, provenance, resume
 from zoo.engine import summary as run_summary
 from zoo.engine.compiled import check_compile
 from zoo.engine.ema import ModelEMA
@@ -220,9 +220,14 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     return opt, sched, lr
 
 
-def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
-    """Everything a run needs, validated, in the order that fails fastest."""
+def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Trainer, RunFacts]:
+    """Everything a run needs, validated, in the order that fails fastest.
+
+    What the run resumes is found and loaded first (:func:`zoo.engine.resume.plan`): it may set the
+    run's length in ``cfg`` (kept from the resumed run unless ``command_line``, the overrides as
+    typed, sets it), which the LR schedule is built for."""
     validate(cfg)
+    resume_plan = resume.plan(cfg, out_dir, command_line)
     amp = build_amp(cfg)
     settings = TrainerSettings(**{k: v for k, v in OmegaConf.to_container(cfg.trainer).items()
                                   if k not in RUN_LEVEL_TRAINER_KEYS})
@@ -255,7 +260,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path) -> tuple[Trainer, RunFacts]:
     model = dist.wrap(model)
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
-                      config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard)
+                      config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard, resume=resume_plan)
     facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
                      data_version=provenance.dataset_version(train_set),
                      pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report,
@@ -284,7 +289,7 @@ MemoryPredictor = Callable[[DictConfig, str, int], dict]
 
 
 def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
-          predict_memory: MemoryPredictor | None = None, locate_nonfinite=None) -> dict:
+          predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
     The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
@@ -293,11 +298,13 @@ def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
     called after the run, on rank 0, when ``trainer.predict_memory`` asks for it on this device;
     its keys go into summary.json beside ``peak_memory_mb``. ``locate_nonfinite`` (tools/train.py
     passes :func:`zoo.diagnostics.nonfinite_step.locate_and_describe`) names the first non-finite op
-    when the numerics guard stops the run.
+    when the numerics guard stops the run. ``command_line`` (tools/train.py passes Hydra's overrides
+    as typed) tells a resume which run length the user asked for (:mod:`zoo.engine.resume`); None
+    takes ``cfg``'s as asked for.
     """
     out_dir = Path(out_dir)
     with RunLock(out_dir, enabled=dist.is_main()):
-        return _train(cfg, out_dir, announce_folder, predict_memory, locate_nonfinite)
+        return _train(cfg, out_dir, announce_folder, predict_memory, locate_nonfinite, command_line)
 
 
 def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryPredictor | None) -> dict:
@@ -349,10 +356,10 @@ def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: 
 
 
 def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
-           predict_memory: MemoryPredictor | None = None, locate_nonfinite=None) -> dict:
+           predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None) -> dict:
     t0 = time.time()
     git_revision()  # fixed now, before training: the revision of the code this process runs
-    trainer, facts = build_trainer(cfg, out_dir)
+    trainer, facts = build_trainer(cfg, out_dir, command_line)
     trainer.locate_nonfinite = locate_nonfinite
     amp = facts.amp
     if dist.is_main():

@@ -55,7 +55,7 @@ class RunSummary:
     """Every key of summary.json but the final evaluation's and the memory planner's (``extra``)."""
 
     # what ran
-    status: str
+    status: str  # completed | stopped_by_guard (a folder a resume continued: "continued", zoo/engine/resume.py)
     model: str
     data: str
     seed: int

@@ -22,6 +22,7 @@ from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
 from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.metrics_log import MetricsLog
+from zoo.engine.resume import ResumePlan, mark_continued
 from zoo.engine.resume_hint import resume_command
 from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted, forget_stop, record_stop
 from zoo.engine.summary import FitResult
@@ -86,7 +87,8 @@ class Trainer:
 
     def __init__(self, model, task, amp, optimizer, scheduler, train_set, val_set, batch_size: int,
                  eval_batch_size: int, seed: int, settings: TrainerSettings, out_dir: Path,
-                 ema=None, config_yaml: str = "", guard: NumericsGuard | None = None):
+                 ema=None, config_yaml: str = "", guard: NumericsGuard | None = None,
+                 resume: ResumePlan | None = None):
         self.model, self.task, self.amp = model, task, amp
         # the numerics guard watches every step; the Amp component configures it (amp.guard.*)
         self.guard = guard if guard is not None else NumericsGuard()
@@ -110,6 +112,7 @@ class Trainer:
         self.wall_before_resume = 0.0
         self.wall_start = time.time()
         self.images_seen = 0
+        self.resume = resume  # what this run continues (zoo/engine/resume.py), loaded in fit()
         self.resumed_from: str | None = None
         self.saved_step: int | None = None  # step of the newest checkpoint of this run
         self._writing: tuple | None = None  # (step, the file's identity before) while a checkpoint is written
@@ -156,6 +159,12 @@ class Trainer:
             path = ckpt.last_checkpoint(self.out_dir)
             self._writing = (self.step, _file_identity(path))
             ckpt.atomic_save(self.state_dict(), path)
+            # This folder now holds the run: the folder it continued is marked, never resumed again.
+            # (Not before: a run killed ahead of its first checkpoint leaves the old one resumable.)
+            plan = self.resume
+            if plan is not None and plan.continues is not None:
+                mark_continued(plan.continues, self.out_dir, plan.step, plan.record)
+                plan.continues = None
         dist.barrier()
         self.saved_step, self._writing = self.step, None
 
@@ -169,26 +178,22 @@ class Trainer:
         return self.saved_step
 
     def _maybe_resume(self) -> None:
-        own = ckpt.last_checkpoint(self.out_dir)
-        path = ckpt.find_resume(self.settings.resume, self.out_dir)
-        if path is None and own.is_file():
-            raise ckpt.CheckpointError(
-                f"{self.out_dir} already holds a run ({own}); pass trainer.resume=auto to continue it "
-                "or choose another hydra.run.dir. Nothing was overwritten.")
-        if path is None:
+        """Load what :func:`zoo.engine.resume.plan` found (the entry point plans before the optimizer
+        is built: the run's length sets its LR schedule)."""
+        plan = self.resume
+        if plan is None:
             return
-        state = ckpt.load(path)
-        self.resume_changes = ckpt.check_resume_config(state.get("config"), self.config_yaml, path,
-                                                       bool(self.settings.resume_allow_changes))
-        self.load_state_dict(state, path)
-        self.resumed_from = str(path)
+        self.resume_changes = plan.changes
+        self.load_state_dict(plan.state, plan.path)
+        plan.state = None  # the loaded state is in the model now; do not hold a second copy
+        self.resumed_from = str(plan.path)
         self.saved_step = self.step
         # An evaluation at this step is redone: a pending one, or the final one (a run stopped in
         # its final evaluation or drawings, or a finished run resumed as it is); keep no old line of it.
         redo = self.eval_pending or (self.step >= self.settings.max_steps and self.settings.final_eval)
-        self.metrics.carry_over(path.parent.parent / "metrics.jsonl", self.step,
+        self.metrics.carry_over(plan.path.parent.parent / "metrics.jsonl", self.step,
                                 drop_eval_at=self.step if redo else None)
-        log.info("resumed from %s at step %d", path, self.step)
+        log.info("resumed from %s at step %d (run length %d steps)", plan.path, self.step, self.settings.max_steps)
 
     # ---- the loop -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -381,6 +386,8 @@ class Trainer:
         model = dist.unwrap(self.model)
         try:
             found, said = self.locate_nonfinite(model, lambda: self.forward_losses(batch)["loss"], self.amp.backward)
+        except Exception as err:  # noqa: BLE001  (the stop, its checkpoint and summary.json matter more)
+            found, said = None, f"the op was not located ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
         finally:
             self.optimizer.clear_grad()
         self.nonfinite_origin = found

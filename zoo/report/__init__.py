@@ -36,7 +36,8 @@ def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mi
         check("--delta", delta, POSITIVE, ReportInputError)
     if not 0 < alpha < 0.5:
         raise ReportInputError(f"--alpha must be in (0, 0.5), got {alpha}")
-    runs = load_runs(inputs)
+    chain_notes: list[str] = []  # run folders a resume continued, read as the resumed run
+    runs = load_runs(inputs, chain_notes)
     groups, aside = group_runs(runs)
     mixed = mixed_provenance(groups)
     if mixed and not allow_mixed:
@@ -50,7 +51,7 @@ def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mi
         raise ReportInputError(f"{out}: is a file, cannot write the report folder there")
     revisions = {str(r.summary.get("git_revision")) for by_prec in groups.values()
                  for runs in by_prec.values() for r in runs}
-    notes = [f"runs of a modified source tree ({rev}): the git revision does not pin their code"
-             for rev in sorted(revisions) if rev.endswith("-dirty")]
+    notes = chain_notes + [f"runs of a modified source tree ({rev}): the git revision does not pin their code"
+                           for rev in sorted(revisions) if rev.endswith("-dirty")]
     md = write_report(out, table, aside, groups, ok, mixed, notes)
     return (0 if ok else 1), md

@@ -16,6 +16,7 @@ REQUIRED_KEYS = ("model", "data", "seed", "requested_precision", "effective_prec
 # Files that mark a folder as a (possibly unfinished) run folder even without summary.json.
 _RUN_MARKERS = ("metrics.jsonl", "config.yaml", "train.log")
 _MAX_DEPTH = 3  # Hydra multirun: <sweep>/<job>/ or outputs/<name>/<time stamp>/
+_MAX_CHAIN = 1000  # resumes of one run followed at most (a loop of continued_by ends there)
 
 
 class ReportInputError(Exception):
@@ -110,6 +111,8 @@ def _load_summary(path: Path) -> dict:
         raise ReportInputError(f"{path}: corrupt summary.json ({err})") from None
     if not isinstance(summary, dict):
         raise ReportInputError(f"{path}: summary.json is not a JSON object")
+    if summary.get("status", "completed") != "completed":
+        return summary  # a run that did not complete (stopped by the guard): set aside, with its status
     for key in REQUIRED_KEYS:
         if key not in summary:
             raise ReportInputError(f"{path}: summary.json lacks required key '{key}'")
@@ -150,8 +153,46 @@ def _is_run_dir(path: Path) -> bool:
     return (path / "summary.json").exists() or any((path / m).exists() for m in _RUN_MARKERS)
 
 
-def find_run_dirs(inputs) -> list[Path]:
-    """Run folders named by ``inputs``: each a run folder, its summary.json, or a folder of runs."""
+def _continued_by(path: Path) -> Path | None:
+    """The folder that continued this run (its summary.json: ``status: continued``), else None.
+
+    Looked for where the summary says, then beside this folder (run folders copied together)."""
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") != "continued":
+        return None
+    named = Path(str(summary.get("continued_by") or ""))
+    for cand in (named, path.parent / named.name):
+        if named.name and _is_run_dir(cand):
+            return cand
+    return path  # continued, but the continuation is not here
+
+
+def _newest_of_chain(path: Path, notes: list) -> Path | None:
+    """``path``, or for a run a resume continued, the chain's newest folder (one note says so);
+    None when that folder is not here (left out, with a note)."""
+    chain = [path]
+    while len(chain) <= _MAX_CHAIN:
+        nxt = _continued_by(chain[-1])
+        if nxt is None:
+            break
+        if nxt == chain[-1] or nxt.resolve() in {p.resolve() for p in chain}:
+            notes.append(f"{path}: continued by a resumed run that is not here; left out")
+            return None
+        chain.append(nxt)
+    if len(chain) > 1:
+        notes.append(f"{path}: continued by a resumed run (trainer.resume); read as {chain[-1]}")
+    return chain[-1]
+
+
+def find_run_dirs(inputs, notes: list | None = None) -> list[Path]:
+    """Run folders named by ``inputs``: each a run folder, its summary.json, or a folder of runs.
+
+    A run folder that a resume continued (summary.json ``status: continued``) stands for the
+    newest folder of its chain; ``notes`` gets one line for each."""
+    notes = [] if notes is None else notes
     found: list[Path] = []
     for item in map(Path, inputs):
         if item.is_file() and item.name == "summary.json":
@@ -165,8 +206,8 @@ def find_run_dirs(inputs) -> list[Path]:
             if not below:
                 raise ReportInputError(f"{item}: no run folders (with summary.json) found")
             found.extend(below)
-    unique = list(dict.fromkeys(p.resolve() for p in found))
-    return unique
+    chained = [_newest_of_chain(p, notes) for p in found]
+    return list(dict.fromkeys(p.resolve() for p in chained if p is not None))
 
 
 def _search(folder: Path, depth: int) -> list[Path]:
@@ -182,10 +223,11 @@ def _search(folder: Path, depth: int) -> list[Path]:
     return runs
 
 
-def load_runs(inputs) -> list[Run]:
-    """Load every run under ``inputs``; any unusable summary stops the report (no silent gaps)."""
+def load_runs(inputs, notes: list | None = None) -> list[Run]:
+    """Load every run under ``inputs``; any unusable summary stops the report (no silent gaps).
+    ``notes`` gets a line for each run folder read as the resumed run that continued it."""
     return [Run(d, _load_summary(d / "summary.json"), _load_records(d / "metrics.jsonl"))
-            for d in find_run_dirs(inputs)]
+            for d in find_run_dirs(inputs, notes)]
 
 
 def set_aside_reason(run: Run) -> str | None:
