@@ -77,7 +77,13 @@ def iterations(cfg, row: dict) -> int:
     return math.ceil(cfg.trainer.epochs * per_card)
 
 
-DERIVED = {"iterations": iterations}
+def lr(cfg, row: dict) -> float:
+    """The lr a run on ``row['cards']`` cards starts from (zoo.engine.run.build_optimizer's scaling)."""
+    base = cfg.optim.get("base_batch_size")
+    return float(cfg.optim.lr) * (cfg.model.batch_size * row["cards"] / base if base else 1.0)
+
+
+DERIVED = {"iterations": iterations, "lr": lr}
 
 
 def rows():
@@ -130,3 +136,16 @@ def test_experiment_matches_upstream(name, row):
     what = "the documented zoo value" if "zoo" in row else f"upstream's ({row['at']})"
     assert same(got, want), f"experiment={name}: {row.get('key') or row['derived']} = {plain(got)!r}, " \
                             f"expected {what} {want!r}"
+
+
+@pytest.mark.parametrize("drop_last,steps,last_batch", [(True, 2, 16), (False, 3, 8)])
+def test_drop_last_false_trains_the_partial_batch(tiny_cfg, tmp_path, drop_last, steps, last_batch):
+    """trainer.drop_last=false (PaddleOCR's and PaddleClas's loaders) adds the partial batch to an epoch:
+    40 images in batches of 16 are 2 steps with the default, 3 (16, 16, 8) without dropping."""
+    from zoo.engine.run import build_trainer
+
+    cfg = tiny_cfg("data.builder.num_train=40", "trainer.epochs=1", f"trainer.drop_last={drop_last}")
+    trainer, _ = build_trainer(cfg, tmp_path)
+    assert trainer.settings.max_steps == steps
+    sampler = TrainBatchSampler(40, 16, seed=0, drop_last=drop_last, stop_step=steps)
+    assert [len(b) for b in sampler][-1] == last_batch
