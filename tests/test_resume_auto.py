@@ -162,3 +162,17 @@ def test_readme_lines_compose(tiny_cfg, tmp_path, monkeypatch, ampzoo_home):
     assert summary["steps"] == 6 and summary["param_digests"] == full["param_digests"]
     assert "keeping the resumed run's length, trainer.max_steps=6" in out.stdout + out.stderr
     assert "after 6 steps" in out.stdout
+
+
+def test_keys_added_since_a_checkpoint_and_published_records_are_no_unsafe_change():
+    """A checkpoint written before ``trainer.drop_last`` existed dropped the last batch, which is the key's
+    default: resuming it with the default is no change, with ``false`` it is one. An experiment's
+    ``published`` figure is a record, safe to change."""
+    from zoo.engine.checkpoint import unsafe_changes
+
+    saved = "trainer:\n  max_steps: 10\n"
+    assert unsafe_changes(saved, "trainer:\n  max_steps: 10\n  drop_last: true\n") == {}
+    assert unsafe_changes(saved, "trainer:\n  max_steps: 10\n  drop_last: false\n") == {
+        "trainer.drop_last": (True, False)}
+    assert unsafe_changes("published:\n  value: 75.1\n", "published:\n  value: 75.12\n") == {}
+    assert "seed" in unsafe_changes("seed: 0\n", "seed: 1\n")

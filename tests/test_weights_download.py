@@ -383,6 +383,38 @@ def test_backbone_only_file_gets_prefix_and_strict_lists_the_rest(server, home, 
         zoo.create_model("db_det", pretrained="MobileNetV3_large_x0_5_pretrained", strict=True)
 
 
+def test_mobilenetv3_backbone_with_paddleclas_names_loads_by_the_registry_rename(server, home, monkeypatch, tmp_path):
+    """The published MobileNetV3_large_x0_5_pretrained holds PaddleClas 2.0 names (conv1, conv2..conv16,
+    last_second_conv; PaddleOCR issues #6684, #5896): the registry's key adapter maps them onto the
+    PaddleOCR stage layout, and the ImageNet classifier (last_conv, out) is dropped. The file is made here
+    from the zoo's own backbone by the inverse mapping (the real file cannot be downloaded offline)."""
+    renames = hub.load_registry()["MobileNetV3_large_x0_5_pretrained"].key_adapter["rename_prefix"]
+    inverse = {new: old for old, new in renames.items()}
+    full = spec_shapes("db_det", "paddleocr_det_mv3_db.keys")
+    ours = {k[len("backbone."):]: s for k, s in full.items() if k.startswith("backbone.")}
+    paddleclas = {}
+    for k, shape in ours.items():
+        head = next((n for n in sorted(inverse, key=len, reverse=True) if k.startswith(n + ".")), None)
+        assert head, f"backbone key {k} has no PaddleClas name in the registry's rename_prefix"
+        paddleclas[inverse[head] + k[len(head):]] = shape
+    assert "conv16.mid_se.conv1.bias" in paddleclas and "last_second_conv.conv.weight" in paddleclas
+    state = random_state(paddleclas, seed=3)
+    state.update({"last_conv.weight": np.zeros((1280, 480, 1, 1), np.float32),
+                  "out.weight": np.zeros((1280, 1000), np.float32), "out.bias": np.zeros(1000, np.float32)})
+    file = tmp_path / "MobileNetV3_large_x0_5_pretrained.pdparams"
+    paddle.save(state, str(file))
+    server.files["/pretrained/MobileNetV3_large_x0_5_pretrained.pdparams"] = file.read_bytes()
+    monkeypatch.setenv(hub.MIRROR_ENV, server.base)
+    model = zoo.create_model("db_det", pretrained="MobileNetV3_large_x0_5_pretrained")
+    back = {f"backbone.{k}": state[old] for old, k in
+            ((o, next(renames[h] + o[len(h):] for h in sorted(renames, key=len, reverse=True) if o.startswith(h + ".")))
+             for o in paddleclas)}
+    assert len(back) == len(ours)
+    assert_loaded(model, back)
+    report = model.pretrained_report  # the classifier was dropped, not reported as unexpected
+    assert (report["matched"], report["unexpected"], report["shape_mismatch"]) == (len(ours), 0, 0)
+
+
 def test_config_strict_flag(tmp_path):
     from zoo.engine.run import build  # what tools/train.py uses: the error keeps the config key
 

@@ -9,6 +9,10 @@ digests agree, else Welch TOST), prints the Markdown table and writes report.md,
 and index.html to --out (default <first input>/report). Runs of different git revisions, library
 versions, data sets or configs are refused unless --allow-mixed.
 Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2 usage/input error.
+
+``--against-published`` instead compares each run with the upstream figure its config's ``published``
+block states (zoo/report/published.py): measured vs published, the difference and whether it is within
+the stated tolerance. Exit status 0 all within, 1 some outside, 2 input error.
 """
 from __future__ import annotations
 
@@ -35,7 +39,17 @@ def main(argv=None) -> int:
     parser.add_argument("--model-cards", default=None, metavar="FILE",
                         help="also rewrite the measured section --section of this file (MODEL_CARDS.md)")
     parser.add_argument("--section", default=None, help="name of the <!-- measured:NAME --> section")
+    parser.add_argument("--against-published", action="store_true",
+                        help="compare each run with the published figure of its config (no parity report)")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
+    if args.against_published:
+        from zoo.report.published import PublishedInputError, against_published
+        try:
+            code, text, _ = against_published(args.inputs)
+        except (PublishedInputError, OSError) as err:
+            return _entry.report_error(err)
+        print(text, end="", flush=True)
+        return code
 
     from zoo.report import ReportInputError, make_report, report_dir
     from zoo.report.cards import copy_figures, update_section

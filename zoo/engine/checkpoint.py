@@ -58,6 +58,15 @@ SAFE_TO_CHANGE_ON_RESUME = (
     "trainer.max_steps", "trainer.epochs", "trainer.final_eval", "model.eval_batch_size",
     "trainer.compile", "trainer.predict_memory",
 )
+# Records, not settings: what an experiment reproduces (its published figure) may change on resume.
+SAFE_PREFIXES_ON_RESUME = ("published.",)
+# Keys added after checkpoints were written, with the value that does what the code did before them:
+# absent from a saved config and set to it now, they are no change.
+ADDED_KEYS = {"trainer.drop_last": True}
+
+
+def _safe(key: str) -> bool:
+    return key in SAFE_TO_CHANGE_ON_RESUME or key.startswith(SAFE_PREFIXES_ON_RESUME)
 
 
 def _flatten(node, prefix: str = "") -> dict:
@@ -75,6 +84,9 @@ def config_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
 
     old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(new_yaml) or {})
     missing = object()
+    for key, before in ADDED_KEYS.items():  # written before the key existed: it did what ``before`` does
+        if key not in old and key in new:
+            old[key] = before
     return {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in sorted(set(old) | set(new))
             if old.get(k, missing) != new.get(k, missing)}
 
@@ -82,7 +94,7 @@ def config_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
 def unsafe_changes(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
     """The changes of :func:`config_changes` that a resume may not make (not in
     :data:`SAFE_TO_CHANGE_ON_RESUME`)."""
-    return {k: v for k, v in config_changes(saved_yaml, new_yaml).items() if k not in SAFE_TO_CHANGE_ON_RESUME}
+    return {k: v for k, v in config_changes(saved_yaml, new_yaml).items() if not _safe(k)}
 
 
 def check_resume_config(saved_yaml: str | None, new_yaml: str, source, allow_changes: bool) -> dict:
@@ -97,8 +109,8 @@ def check_resume_config(saved_yaml: str | None, new_yaml: str, source, allow_cha
         log.warning("%s holds no config (older checkpoint format): cannot check the resumed settings", source)
         return {"safe": {}, "overridden": {}, "checked": False}
     changes = config_changes(saved_yaml, new_yaml)
-    safe = {k: list(v) for k, v in changes.items() if k in SAFE_TO_CHANGE_ON_RESUME}
-    unsafe = {k: list(v) for k, v in changes.items() if k not in SAFE_TO_CHANGE_ON_RESUME}
+    safe = {k: list(v) for k, v in changes.items() if _safe(k)}
+    unsafe = {k: list(v) for k, v in changes.items() if not _safe(k)}
     listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(unsafe.items())[:12])
     more = f"; and {len(unsafe) - 12} more" if len(unsafe) > 12 else ""
     if unsafe and not allow_changes:

@@ -246,6 +246,8 @@ def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Tr
     model = build(cfg.model.net, "model.net")
     task = build(cfg.model.task, "model.task")
     per_epoch = len(train_set) // (cfg.model.batch_size * dist.world_size())
+    if not settings.drop_last:  # the partial batch counts (TrainBatchSampler pads the ranks to equal shares)
+        per_epoch = math.ceil(math.ceil(len(train_set) / dist.world_size()) / cfg.model.batch_size)
     if per_epoch == 0:
         raise ConfigError(f"model.batch_size: {cfg.model.batch_size} x {dist.world_size()} ranks exceeds "
                           f"the {len(train_set)} training samples of data={cfg.data.name}")

@@ -74,10 +74,11 @@ class TrainerSettings:
     draw_samples: int = 0
     final_eval: bool = True
     compile: bool = False
+    drop_last: bool = True
 
     def __post_init__(self):
         check_table(lambda key: getattr(self, key.removeprefix("trainer.")), prefixed("trainer.", SETTINGS))
-        for key in ("final_eval", "compile"):
+        for key in ("final_eval", "compile", "drop_last"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"trainer.{key}: expected true or false, got {getattr(self, key)!r}")
 
@@ -239,7 +240,7 @@ class Trainer:
     def _fit(self) -> FitResult:
         self._maybe_resume()
         sampler = TrainBatchSampler(len(self.train_set), self.batch_size, self.seed, dist.rank(),
-                                    dist.world_size(), drop_last=True, start_step=self.step,
+                                    dist.world_size(), drop_last=self.settings.drop_last, start_step=self.step,
                                     stop_step=self.settings.max_steps)
         self.steps_per_epoch = sampler.steps_per_epoch
         loader = build_loader(self.train_set, sampler, self.settings.num_workers)

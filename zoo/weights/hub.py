@@ -91,8 +91,13 @@ def _check_spec(path: Path, name: str, entry) -> WeightSpec:
     if spec.sha256 is not None and not (len(spec.sha256) == 64 and set(spec.sha256) <= set("0123456789abcdef")):
         raise WeightsError(f"{where}: sha256 must be null or 64 lowercase hex digits, got {spec.sha256!r}")
     adapter = spec.key_adapter or {}
-    if not isinstance(adapter, dict) or set(adapter) - {"add_prefix", "drop"}:
-        raise WeightsError(f"{where}: key_adapter must be null or a mapping of add_prefix/drop, got {adapter!r}")
+    if not isinstance(adapter, dict) or set(adapter) - {"add_prefix", "drop", "rename_prefix"}:
+        raise WeightsError(f"{where}: key_adapter must be null or a mapping of add_prefix/drop/rename_prefix, "
+                           f"got {adapter!r}")
+    renames = adapter.get("rename_prefix")
+    if renames is not None and not (isinstance(renames, dict)
+                                    and all(isinstance(k, str) and isinstance(v, str) for k, v in renames.items())):
+        raise WeightsError(f"{where}: key_adapter.rename_prefix must map old to new key prefixes, got {renames!r}")
     return spec
 
 

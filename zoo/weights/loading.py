@@ -135,10 +135,25 @@ def _adapt_prefix(model_state: dict, ckpt_state: dict) -> tuple[dict, str | None
     return ckpt_state, None
 
 
+def _rename_prefixes(state: dict, renames: dict) -> dict:
+    """Replace a key's leading ``old.`` by ``new.`` (``renames`` = {old: new}, whole dotted segments only)."""
+    out = {}
+    for k, v in state.items():
+        for old, new in renames.items():
+            if k.startswith(old + "."):
+                k = new + k[len(old):]
+                break
+        out[k] = v
+    return out
+
+
 def _apply_adapter(ckpt_state: dict, adapter: dict) -> tuple[dict, str | None]:
-    """A registry ``key_adapter``: drop the listed keys, then add ``add_prefix`` to keys lacking it."""
+    """A registry ``key_adapter``: drop the listed keys, rename leading segments (``rename_prefix``),
+    then add ``add_prefix`` to keys lacking it."""
     drop = set(adapter.get("drop") or ())
     state = {k: v for k, v in ckpt_state.items() if k not in drop}
+    if adapter.get("rename_prefix"):
+        state = _rename_prefixes(state, adapter["rename_prefix"])
     prefix = adapter.get("add_prefix")
     if prefix:
         state = {k if k.startswith(prefix) else prefix + k: v for k, v in state.items()}
