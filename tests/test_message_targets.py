@@ -131,3 +131,18 @@ def test_eval_tool_names_its_folder_after_the_precision_it_evaluated_in(tmp_path
     written = list((tmp_path / "outputs").glob("eval_*/*/eval.json"))
     assert [p.parent.parent.name for p in written] == ["eval_resnet_tiny_synthetic_shapes_fp32_seed0"]
     assert json.loads(written[0].read_text())["effective_precision"] == "fp32"
+
+
+def test_the_fp32_share_warning_names_the_key_of_the_tool_that_warns():
+    """The deploy check's key is check.warn_fp32_share (configs/deploy_check.yaml), the export's
+    export.check.warn_fp32_share: each warning names the one its user can type."""
+    import yaml
+
+    from zoo.export.compute import share_warning
+
+    deploy = yaml.safe_load((ROOT / "configs" / "deploy_check.yaml").read_text())
+    assert "warn_fp32_share" in deploy["check"]
+    said = share_warning(0.9, ["conv2d"], "fp16", 0.5, key="check.warn_fp32_share")
+    assert said.endswith("(warned above check.warn_fp32_share=0.5)")
+    assert "export.check.warn_fp32_share=0.5" in share_warning(0.9, ["conv2d"], "fp16", 0.5)
+    assert share_warning(0.4, ["conv2d"], "fp16", 0.5) is None

@@ -277,7 +277,8 @@ def check_precision(net, program, task, inputs: Inputs, precision: str, settings
                                               settings.max_named_evaluations)
         named = list(found) if found else None
     final = next(r for r in tried if r["keep"] == list(keep)) if keep is not None else first
-    warn = share_warning(final["fp32_share"], keep or (), precision, settings.warn_fp32_share)
+    warn = share_warning(final["fp32_share"], keep or (), precision, settings.warn_fp32_share,
+                         key="check.warn_fp32_share")
     where = first_overflow(rows)
     section = {
         "precision": precision, "dtype": dtype, "task": task.kind, "unit": task.unit,

@@ -75,9 +75,11 @@ def compute_share(calls) -> dict:
             "fp32_ops": ops}
 
 
-def share_warning(share: float, keep, precision: str, limit: float = WARN_SHARE) -> str | None:
-    """A warning when the keep-list leaves ``precision`` in name only (more than ``limit`` fp32)."""
+def share_warning(share: float, keep, precision: str, limit: float = WARN_SHARE,
+                  key: str = "export.check.warn_fp32_share") -> str | None:
+    """A warning when the keep-list leaves ``precision`` in name only (more than ``limit`` fp32); ``key``
+    is the setting that moves the limit, as the tool's user types it."""
     if not keep or share <= limit:
         return None
     return (f"{precision} in name only: keeping {list(keep)} fp32 leaves {100 * share:.0f} % of the compute in fp32 "
-            f"and {100 * (1 - share):.0f} % in {precision} (warned above export.check.warn_fp32_share={limit:g})")
+            f"and {100 * (1 - share):.0f} % in {precision} (warned above {key}={limit:g})")
