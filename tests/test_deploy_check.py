@@ -243,3 +243,19 @@ def test_fused_groups_follow_conv_add_activation():
     groups = fused_groups(Program(ops, {}, ["x"], ["s"], "pdmodel", "-"))
     assert groups["c"] == ["c", "a", "h"]
     assert groups["c2"] == ["c2"]   # c2 has two consumers: nothing fuses onto it
+
+
+def test_worst_ops_leave_out_selections_unless_they_are_not_finite():
+    """An NMS output compared element by element reads as a large error when boxes only change order
+    (the zoo's PP-YOLOE export: rel err 0.18 with every box matched): it is not ranked as an op's
+    error, but a non-finite one still is."""
+    from zoo.deploy.check import worst_ops
+
+    def row(key, op, rel, nonfinite=0.0):
+        return {"key": key, "op": op, "rel_err": rel, "nonfinite": nonfinite, "overflow": 0.0, "flush": 0.0}
+
+    rows = [row("nms:multiclass_nms3", "multiclass_nms3", 0.18), row("a:swish", "swish", 0.006),
+            row("b:add", "add", 0.004)]
+    assert [r["key"] for r in worst_ops(rows, 5)] == ["a:swish", "b:add"]
+    rows.append(row("nms2:multiclass_nms3", "multiclass_nms3", float("inf"), nonfinite=0.5))
+    assert worst_ops(rows, 1)[0]["key"] == "nms2:multiclass_nms3"

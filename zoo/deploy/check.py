@@ -239,6 +239,20 @@ def _named_candidates(rows: list[dict], keep_types, limit: int) -> list[str]:
     return list(dict.fromkeys(r["layer"] for r in mine))[:limit]
 
 
+# Ops whose output is a selection (which boxes, in which order): compared element by element with FP32's,
+# a changed order or count reads as a large "relative error" though every box may match. Their effect
+# is what the agreement measures; the worst-op ranking leaves them out.
+SELECTION_OPS = frozenset({"multiclass_nms3", "multiclass_nms", "matrix_nms", "top_k", "top_k_v2", "topk",
+                           "argsort", "argmax", "arg_max", "nonzero", "where_index"})
+
+
+def worst_ops(rows: list[dict], top: int) -> list[dict]:
+    """The ``top`` most harmful op calls (zoo/export/layers.py ``harm``), selections left out unless
+    their output is not finite."""
+    ranked = [r for r in rows if r["op"] not in SELECTION_OPS or r["nonfinite"]]
+    return sorted(ranked, key=harm)[:top]
+
+
 def _row(r: dict) -> dict:
     keys = ("key", "layer", "op", "precision", "max_abs", "overflow", "flush", "rel_err", "growth", "nonfinite",
             "nonfinite_images", "images")
@@ -295,7 +309,7 @@ def check_precision(net, program, task, inputs: Inputs, precision: str, settings
         "tensorrt_disable_ops": (named or list(keep)) if keep else [],
         "final": _step(final), "fp32_share_warning": warn,
         "first_overflow": _row(where) if where else None,
-        "worst_ops": [_row(r) for r in sorted(rows, key=harm)[:settings.top]],
+        "worst_ops": [_row(r) for r in worst_ops(rows, settings.top)],
         "tried": [_step(r) for r in tried], "tried_named": [_step(r) for r in named_tried],
         "per_image": [{"image": str(p), **a} for p, a in zip(inputs.paths, first["per_image"])],
         "seconds": time.time() - t0, "_rows": rows,
