@@ -236,6 +236,20 @@ def test_model_cards_section_is_rewritten_and_nothing_else(tmp_path):
         update_section(cards, "y", "t", "c")
 
 
+def test_model_cards_footer_names_the_revisions_the_runs_were_trained_at(tmp_path):
+    """Issue 40 item 10: a generated table says what code made its numbers."""
+    from zoo.report.cards import update_section
+
+    cards = tmp_path / "CARDS.md"
+    cards.write_text("<!-- measured:x -->\n<!-- /measured:x -->\n")
+    update_section(cards, "x", "| t |", "python tools/report.py runs", revisions=["ab90493" + "0" * 33])
+    assert "from the runs' summary.json files (trained at revision ab90493)." in cards.read_text()
+    update_section(cards, "x", "| t |", "c", revisions=["a" * 40, "b" * 40 + "-dirty"])
+    assert "(trained at revisions aaaaaaa, bbbbbbb-dirty)." in cards.read_text()
+    update_section(cards, "x", "| t |", "c")
+    assert "summary.json files.\n" in cards.read_text()
+
+
 def test_model_cards_section_links_its_equivalence_figure(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=3, paired=True)
     cards = tmp_path / "CARDS.md"

@@ -61,10 +61,10 @@ def main(argv=None) -> int:
         if args.model_cards:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
             out = report_dir(args.inputs, args.out)
-            images = json.loads((out / "report.json").read_text())["images"]  # this report's, not stale ones
-            figures = [out / name for name in images if name.endswith("_equivalence.png")]
+            written = json.loads((out / "report.json").read_text())  # this report's, not stale ones
+            figures = [out / name for name in written["images"] if name.endswith("_equivalence.png")]
             links = copy_figures(args.model_cards, args.section, figures)
-            update_section(args.model_cards, args.section, md, command, links)
+            update_section(args.model_cards, args.section, md, command, links, written.get("revisions"))
     except (ReportInputError, OSError) as err:
         return _entry.report_error(err)
     print(md, end="", flush=True)

@@ -53,5 +53,5 @@ def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mi
                  for runs in by_prec.values() for r in runs}
     notes = chain_notes + [f"runs of a modified source tree ({rev}): the git revision does not pin their code"
                            for rev in sorted(revisions) if rev.endswith("-dirty")]
-    md = write_report(out, table, aside, groups, ok, mixed, notes)
+    md = write_report(out, table, aside, groups, ok, mixed, notes, revisions=sorted(revisions))
     return (0 if ok else 1), md

@@ -39,9 +39,10 @@ def copy_figures(cards: Path, name: str, figures: list[Path]) -> list[str]:
 
 
 def update_section(cards: Path, name: str, markdown: str, command: str,
-                   figures: list[str] | None = None) -> None:
+                   figures: list[str] | None = None, revisions: list[str] | None = None) -> None:
     """Rewrite the measured section ``name`` of ``cards`` (atomically); the markers must exist.
-    ``figures`` (paths relative to the cards file) are linked under the table."""
+    ``figures`` (paths relative to the cards file) are linked under the table; ``revisions`` (the git
+    revisions the runs were trained at) are named in the footer, so a reader knows what code made them."""
     cards = Path(cards)
     try:
         text = cards.read_text()
@@ -52,8 +53,12 @@ def update_section(cards: Path, name: str, markdown: str, command: str,
         raise ReportInputError(f"{cards}: needs exactly one '{start}' followed by one '{end}'")
     pictures = "".join(f"\n![AMP − FP32 differences with their 90 % CI against the margin]({f})\n"
                        for f in figures or [])
+    trained = ""
+    if revisions:
+        short = [r[:7] + ("-dirty" if r.endswith("-dirty") else "") for r in revisions]
+        trained = f" (trained at revision{'s' if len(short) > 1 else ''} {', '.join(short)})"
     body = (f"\n{markdown.rstrip()}\n{pictures}\nGenerated {_dt.date.today().isoformat()} by `{command}` from the "
-            "runs' summary.json files.\n")
+            f"runs' summary.json files{trained}.\n")
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     tmp = cards.with_name(f".{cards.name}.tmp")

@@ -279,8 +279,9 @@ def _jsonable(obj):
 
 
 def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bool,
-                 mixed: list | None = None, notes: list | None = None) -> str:
-    """Write every report file into ``out``; returns the Markdown text."""
+                 mixed: list | None = None, notes: list | None = None, revisions: list | None = None) -> str:
+    """Write every report file into ``out``; returns the Markdown text. ``revisions``: the git
+    revisions the runs were trained at (report.json; the model cards' footer names them)."""
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
@@ -288,7 +289,7 @@ def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bo
     images += [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
     data = {"all_equivalent": ok, "groups": table, "images": images,
             "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
-            "mixed_provenance": list(mixed or []), "notes": list(notes or [])}
+            "mixed_provenance": list(mixed or []), "notes": list(notes or []), "revisions": list(revisions or [])}
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
     (out / "index.html").write_text(_html(table, aside, images, [*(mixed or []), *(notes or [])]))
     return md
