@@ -24,14 +24,14 @@ import paddle
 import yaml
 from paddle import nn
 
-from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats
+from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats, in_deploy_form
 from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
 from zoo.tasks.classification import ClassifierProbs
 from zoo.tasks.text_detection import DBProbabilityMap
 
 __all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
-           "export_onnx", "paddlex_cls_name", "save_program"]
+           "export_onnx", "paddlex_cls_name", "paddlex_det_name", "save_program"]
 
 # paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
 # detector may be served under. The name picks client defaults only (PP-OCRv3/v4/v5 *_det:
@@ -109,6 +109,16 @@ def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_N
            {"ToCHWImage": None}]
     return {"Global": {"model_name": model_name}, "PreProcess": {"transform_ops": ops},
             "PostProcess": {"name": "DBPostProcess", **post}}
+
+
+# The zoo's models that are PaddleOCR's own networks, served under their PaddleX names; every other DB
+# gets DEFAULT_DET_MODEL_NAME (the name picks the client's defaults only).
+PADDLEX_DET_NAMES = {"ppocrv5_mobile_det": "PP-OCRv5_mobile_det", "ppocrv4_mobile_det": "PP-OCRv4_mobile_det"}
+
+
+def paddlex_det_name(model_name: str) -> str:
+    """PaddleX name a DB model of ours is exported under (``ppocrv5_mobile_det`` -> ``PP-OCRv5_mobile_det``)."""
+    return PADDLEX_DET_NAMES.get(model_name, DEFAULT_DET_MODEL_NAME)
 
 
 def paddlex_cls_name(model_name: str) -> str | None:
@@ -216,13 +226,15 @@ def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml:
     ``output`` picks the wrapper: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier +
     softmax) or ``"raw"``.
     ``precision``: ``fp32``, ``fp16`` or ``bf16`` weights (zoo/export/precision.py); inputs and
-    outputs stay float32. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
+    outputs stay float32. A network with re-parameterisable layers (PP-OCRv4/v5's PPLCNetV3) is saved
+    in its deploy form, from a ``rep()``'d copy (:func:`~zoo.export.common.in_deploy_form`); ``model``
+    itself keeps its form. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
     The model's training flag is restored afterwards. Returns the written files.
     """
     if deploy is None and output not in _OUTPUT_WRAPPERS:
         raise ExportError(f"output: expected one of {sorted(_OUTPUT_WRAPPERS)}, got {output!r}")
     shape = _check_shape(input_shape)
-    model = fp32_model(model)
+    model, _ = in_deploy_form(fp32_model(model))  # PP-OCRv4/v5: a rep()'d copy, as PaddleOCR exports
     spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
     wrap = deploy or _OUTPUT_WRAPPERS[output]
     layer = wrap(in_precision(model, precision))  # a low-precision copy is in eval mode
