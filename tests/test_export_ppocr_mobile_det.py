@@ -137,3 +137,26 @@ def test_deploy_check_reads_the_export(official_export, tmp_path):
     fp16 = report["precisions"]["fp16"]
     assert fp16["effective"].startswith("emulated-fp16 deployment")
     assert fp16["without_keep_list"]["units"] >= 4  # FP32 text boxes on the photos
+
+
+def test_precision_check_judges_the_deploy_form(monkeypatch, tmp_path):
+    """export.precision=fp16 checks the network that is saved: the rep()'d copy (the check itself, run on
+    the official weights, said equivalent: docs/export.md)."""
+    import zoo.export.from_config as from_config
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_check(cfg, model, task, precision, refused_dir, log=print):
+        seen["keys"], seen["precision"] = list(model.state_dict()), precision
+        raise Stop
+
+    monkeypatch.setattr(from_config, "run_precision_check", fake_check)
+    cfg = compose(["model=ppocrv5_mobile_det", "export.onnx=false", "export.precision=fp16"], "export")
+    with pytest.raises(Stop):
+        export_from_config(cfg, tmp_path / "out", log=lambda *_: None)
+    assert seen["precision"] == "fp16"
+    assert sum(k.endswith("reparam_conv.weight") for k in seen["keys"]) == FUSED_LAYERS
+    assert not [k for k in seen["keys"] if ".conv_kxk." in k]

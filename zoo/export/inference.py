@@ -25,6 +25,7 @@ import yaml
 from paddle import nn
 
 from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats, in_deploy_form
+from zoo.data.text_det.transforms import limit_side_shape
 from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
 from zoo.tasks.classification import ClassifierProbs
@@ -53,23 +54,13 @@ DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_ty
 
 def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str,
                      max_side_limit: int = 4000) -> tuple[int, int]:
-    """Network input (H, W) of DetResizeForTest's limit-side resize (PaddleX 3.7.2
-    ``inference/models/text_detection/processors.py`` ``resize_image_type0``): scale so the max
-    (``"max"``, only shrinking) / min (``"min"``, only growing) side meets the limit, or the long side
-    equals it (``"resize_long"``); cap at ``max_side_limit``; round each side to a multiple of 32."""
-    if limit_type == "max":
-        ratio = limit_side_len / max(h, w) if max(h, w) > limit_side_len else 1.0
-    elif limit_type == "min":
-        ratio = limit_side_len / min(h, w) if min(h, w) < limit_side_len else 1.0
-    elif limit_type == "resize_long":
-        ratio = limit_side_len / max(h, w)
-    else:
-        raise ExportError(f"limit_type: expected 'max', 'min' or 'resize_long', got {limit_type!r}")
-    rh, rw = int(h * ratio), int(w * ratio)
-    if max(rh, rw) > max_side_limit:
-        cap = max_side_limit / max(rh, rw)
-        rh, rw = int(rh * cap), int(rw * cap)
-    return max(int(round(rh / 32) * 32), 32), max(int(round(rw / 32) * 32), 32)
+    """Network input (H, W) of DetResizeForTest's limit-side resize as PaddleX 3.7.2's predictor does it
+    (``inference/models/text_detection/processors.py`` ``resize_image_type0``): the evaluation's
+    :func:`zoo.data.text_det.transforms.limit_side_shape` with the long side capped at ``max_side_limit``."""
+    try:
+        return limit_side_shape(h, w, limit_side_len, limit_type, max_side_limit)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 def _normalize_op(mean, std, order: str) -> dict:
