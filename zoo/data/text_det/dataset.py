@@ -296,12 +296,25 @@ class TextDetDataset(paddle.io.Dataset):
             raise FileNotFoundError(f"{self._where(index)}: image file not found: {path}") from None
         polys, ignore = self.annotations(index)
         clip = lambda p, g, h, w: clip_polys_to_image(p, g, h, w)[:2]  # noqa: E731  (same rule unverified)
+        donor = self._donor if self.transform.copy_paste is not None else None
         try:
             return self.transform.decode_and_apply(data, path, polys, ignore,
                                                    np.random.default_rng((self.seed, epoch, index)),
-                                                   self.bgr, clip, clock)
+                                                   self.bgr, clip, clock, donor)
         except (OSError, ValueError) as e:
             raise type(e)(f"{self._where(index)}: {e}") from None
+
+    def _donor(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CopyPaste's second image: a training sample drawn with ``rng`` (it may be the item itself, as
+        upstream's draw allows), decoded whole, its polygons clipped to it."""
+        index = int(rng.integers(len(self.paths)))
+        try:
+            img = (read_image_bgr if self.bgr else read_image_rgb)(self.path(index))
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{self._where(index)} (CopyPaste's donor image): {e}") from None
+        polys, ignore = self.annotations(index)
+        polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])
+        return img, polys, ignore
 
     def __getitem__(self, key):
         key, n = int(key), len(self.paths)

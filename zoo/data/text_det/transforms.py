@@ -37,12 +37,13 @@ Images are HWC uint8 in the dataset's channel order (BGR by default, as PaddleOC
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import cv2
 import numpy as np
 
 from zoo.data.images import decode_image, image_size
+from zoo.data.text_det.copy_paste import CopyPaste
 from zoo.data.text_det.geometry import (
     augment_and_crop,
     crop_area,
@@ -110,14 +111,25 @@ class DetTrainTransform:
 
     Item: ``image`` float32 [3,S,S] normalised (uint8 with ``normalize_on="device"``), and float32 [S,S]
     ``shrink_map``, ``shrink_mask``, ``threshold_map``, ``threshold_mask``.
+
+    ``copy_paste``: null (off, det_mv3_db) or the settings of
+    :class:`~zoo.data.text_det.copy_paste.CopyPaste` (``{objects_paste_ratio: 0.2, limit_paste: true}``,
+    PP-OCRv4/v5 det): instances of a donor image the dataset passes in are pasted first.
     """
 
     def __init__(self, crop_size: int = 640, flip_p: float = 0.5, rotate=(-10, 10), scale=(0.5, 3.0),
                  max_tries: int = 50, min_crop_side_ratio: float = 0.1, shrink_ratio: float = 0.4,
                  min_text_size: float = 8, thresh_min: float = 0.3, thresh_max: float = 0.7,
                  mean=MEAN, std=STD, normalize_on: str = "host", geometry: str = "one_warp",
-                 reduced_decode: bool = True):
+                 reduced_decode: bool = True, copy_paste=None):
         self.normalize_on = _check_normalize_on(normalize_on)
+        if copy_paste is not None and not isinstance(copy_paste, Mapping):
+            raise ValueError(f"data.builder.copy_paste: expected null or a mapping such as "
+                             f"{{objects_paste_ratio: 0.2, limit_paste: true}}, got {copy_paste!r}")
+        try:
+            self.copy_paste = None if copy_paste is None else CopyPaste(**dict(copy_paste))
+        except TypeError as e:
+            raise ValueError(f"data.builder.copy_paste: {e}") from None
         self.reduced_decode = bool(reduced_decode)
         if geometry not in GEOMETRIES:
             raise ValueError(f"data.builder.geometry: expected one of {GEOMETRIES}, got {geometry!r}")
@@ -137,9 +149,15 @@ class DetTrainTransform:
         self.mean, self.std = tuple(mean), tuple(std)
 
     def __call__(self, img: np.ndarray, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
-                 clock=None) -> dict:
-        """``clock(stage)``, if given, is called after each stage (tools/benchmark.py --pipeline)."""
+                 clock=None, donor=None) -> dict:
+        """``clock(stage)``, if given, is called after each stage (tools/benchmark.py --pipeline).
+        ``donor``: ``rng -> (image, polys, ignore)`` of another training image, for CopyPaste."""
         clock = clock or _no_clock
+        if self.copy_paste is not None:
+            if donor is None:
+                raise ValueError("data.builder.copy_paste is on but no donor image was given")
+            img, polys, ignore = self.copy_paste(img, polys, ignore, donor(rng), rng)
+            clock("copy_paste")
         if self.geometry == "one_warp":
             img, polys, ignore = augment_and_crop(img, polys, ignore, rng, self.crop_size, self.flip_p, self.rotate,
                                                   self.scale, self.max_tries, self.min_crop_side_ratio, clock)
@@ -152,7 +170,7 @@ class DetTrainTransform:
         return self._targets(img, polys, ignore, clock)
 
     def decode_and_apply(self, data: bytes, path, polys: np.ndarray, ignore: np.ndarray, rng: np.random.Generator,
-                         bgr: bool = True, clip=None, clock=None) -> dict:
+                         bgr: bool = True, clip=None, clock=None, donor=None) -> dict:
         """The item of the encoded image ``data`` (the bytes of ``path``): the same draws and labels as
         decoding it and calling the transform.
 
@@ -160,16 +178,18 @@ class DetTrainTransform:
         header first; when the whole map shrinks by 2, 4 or 8 (within 2 %) the JPEG is decoded
         at that reduction (``cv2.IMREAD_REDUCED_COLOR_*``, a 2x2 (4x4, 8x8) low-pass much like the
         bilinear sample at that scale) and the warp starts from the reduced image. ``clip(polys,
-        ignore, h, w)`` clips the polygons to the image first.
+        ignore, h, w)`` clips the polygons to the image first. With CopyPaste on, the image is decoded
+        whole (the paste changes it before the geometry); ``donor`` as for ``__call__``.
         """
         clock = clock or _no_clock
         clip = clip or (lambda p, g, h, w: (p, g))
-        if not (self.geometry == "one_warp" and self.reduced_decode and data[:2] == b"\xff\xd8"):
+        if not (self.geometry == "one_warp" and self.reduced_decode and data[:2] == b"\xff\xd8") \
+                or self.copy_paste is not None:
             img = decode_image(data, path)
             img = img if bgr else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
             polys, ignore = clip(polys, ignore, *img.shape[:2])
             clock("read_decode")
-            return self(img, polys, ignore, rng, clock)
+            return self(img, polys, ignore, rng, clock, donor)
         h, w = image_size(path, data)
         polys, ignore = clip(polys, ignore, h, w)
         m, fw, fh, polys, ignore = plan_augment_and_crop(h, w, polys, ignore, rng, self.crop_size, self.flip_p,
@@ -207,7 +227,8 @@ class DetTrainTransform:
 
     def __repr__(self) -> str:
         return (f"DetTrainTransform(crop={self.crop_size}, flip={self.flip_p}, rotate={self.rotate}, "
-                f"scale={self.scale}, min_crop_side_ratio={self.min_crop_side_ratio})")
+                f"scale={self.scale}, min_crop_side_ratio={self.min_crop_side_ratio}"
+                + (f", {self.copy_paste!r})" if self.copy_paste is not None else ")"))
 
 
 class DetEvalTransform:
