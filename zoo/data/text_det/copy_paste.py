@@ -29,7 +29,7 @@ import math
 import cv2
 import numpy as np
 
-__all__ = ["CopyPaste", "paste_patch", "rectify_quad"]
+__all__ = ["CopyPaste", "paste_patch", "rectify_quad", "rotated_patch"]
 
 MAX_OBJECTS = 30       # upstream's cap on instances per image
 PLACE_TRIES = 50       # upstream's tries for a free place with limit_paste
