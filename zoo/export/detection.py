@@ -28,7 +28,7 @@ from pathlib import Path
 import paddle
 from paddle import nn
 
-from zoo.export.common import ExportError, floats
+from zoo.export.common import ExportError, floats, in_deploy_form
 from zoo.export.inference import LAYOUTS, fp32_model, save_program
 from zoo.export.precision import in_precision
 from zoo.tasks.object_detection import PPYOLOEDeploy, nms_settings
@@ -102,7 +102,7 @@ def export_ppyoloe(model: nn.Layer, out_dir, eval_size: int, infer_cfg: Mapping 
     if layout not in LAYOUTS:
         raise ExportError(f"export.layout: expected one of {', '.join(LAYOUTS)} for PP-YOLOE, got {layout!r}")
     size = int(eval_size)
-    model = fp32_model(model)
+    model, _ = in_deploy_form(fp32_model(model))  # re-parameterisable layers fused, as for DB
     layer = (deploy or partial(PPYOLOEDeploy, nms=nms))(in_precision(model, precision))
     specs = [paddle.static.InputSpec([-1, 3, size, size], "float32", "image"),
              paddle.static.InputSpec([-1, 2], "float32", "scale_factor")]

@@ -3,8 +3,10 @@
 Which exporter a model gets follows its task's kind (:data:`EXPORTS`, one row per kind): text detection
 and classification -> :func:`~zoo.export.inference.export_inference` (DB's shrink map, softmax
 probabilities), object detection -> :func:`~zoo.export.detection.export_ppyoloe` (NMS in the graph);
-the layer saved around the network is the task's ``deploy_module`` (zoo/tasks). For fp16 / bf16 the
-precision check judges the deployment first (zoo/export/precision_check.py). Options: configs/export.yaml.
+the layer saved around the network is the task's ``deploy_module`` (zoo/tasks). A network with
+re-parameterisable layers (PP-OCRv4/v5 mobile det) is exported in its deploy form, a ``rep()``'d copy,
+as PaddleOCR's export does. For fp16 / bf16 the precision check judges that deployment first
+(zoo/export/precision_check.py). Options: configs/export.yaml.
 """
 from __future__ import annotations
 
@@ -28,10 +30,9 @@ from zoo.export.checked_export import (
     write_report,
     yml_block,
 )
-from zoo.export.common import ExportError
+from zoo.export.common import ExportError, in_deploy_form
 from zoo.export.detection import export_ppyoloe, ppyoloe_infer_cfg, ppyoloe_model_name
 from zoo.export.inference import (
-    DEFAULT_DET_MODEL_NAME,
     INFERENCE_PREFIX,
     LAYOUTS,
     cls_inference_yml,
@@ -39,6 +40,7 @@ from zoo.export.inference import (
     export_inference,
     export_onnx,
     paddlex_cls_name,
+    paddlex_det_name,
 )
 from zoo.export.precision import PRECISIONS, check_precision
 from zoo.export.precision_report import check_summary
@@ -104,7 +106,7 @@ def _text_detection_plan(cfg, model, task) -> _Plan:
     """DB: the shrink map; the yml holds DetResizeForTest and DBPostProcess (model.task.postprocess)."""
     ex = cfg.export
     _layout(ex.get("layout"), ("paddlex",), "paddlex")
-    model_name = ex.model_name or DEFAULT_DET_MODEL_NAME
+    model_name = ex.model_name or paddlex_det_name(str(cfg.model.name))
     yml = db_inference_yml(cfg.model.task.get("postprocess") or {}, model_name, *_normalization(cfg),
                            str(cfg.data.builder.get("channel_order", "BGR")), ex.limit_side_len, ex.limit_type)
     return _inference_plan(model, task, yml, model_name, list(ex.input_shape or [-1, 3, -1, -1]), "maps")
@@ -243,6 +245,8 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
     stored = _store(ex.get("store", "fp32"), precision)
     check = check_mode(ex.get("guard", "on"))
     model, source = _load(cfg)
+    # The deploy form, before the precision check, so the check judges the network that is saved.
+    model, fused = in_deploy_form(model)
     task = _task(cfg)
     plan = EXPORTS[task.kind](cfg, model, task)
     out_dir = Path(out_dir)
@@ -263,7 +267,8 @@ def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
             files.append(out_dir / PLOT)
     onnx_path, onnx_msg = _onnx(ex, out_dir, precision if stored == "low" else "fp32", plan.prefix)
     record = {"model": str(cfg.model.name), "paddlex_model_name": plan.model_name, "weights": source,
-              "layout": plan.layout, "input_shape": [int(d) for d in plan.shape], "output": plan.output,
+              "layout": plan.layout, "reparameterised_layers": fused,
+              "input_shape": [int(d) for d in plan.shape], "output": plan.output,
               "precision": precision, "stored_weights": "float32" if stored == "fp32" else PRECISIONS[precision],
               "saved_dtypes": saved_dtypes(out_dir / plan.prefix),
               "files": [p.name for p in files] + ([onnx_path.name] if onnx_path else []), "onnx": onnx_msg,

@@ -24,14 +24,15 @@ import paddle
 import yaml
 from paddle import nn
 
-from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats
+from zoo.export.common import PRECISION_PLOT, PRECISION_REPORT, ExportError, floats, in_deploy_form
+from zoo.data.text_det.transforms import limit_side_shape
 from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
 from zoo.tasks.classification import ClassifierProbs
 from zoo.tasks.text_detection import DBProbabilityMap
 
 __all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
-           "export_onnx", "paddlex_cls_name", "save_program"]
+           "export_onnx", "paddlex_cls_name", "paddlex_det_name", "save_program"]
 
 # paddlex 3.7.2 paddlex/modules/text_detection/model_list.py: every name a static DB-style
 # detector may be served under. The name picks client defaults only (PP-OCRv3/v4/v5 *_det:
@@ -53,23 +54,13 @@ DB_YML_NOTE = ("# PaddleX 3.7 ignores DetResizeForTest's limit_side_len/limit_ty
 
 def det_resize_shape(h: int, w: int, limit_side_len: int, limit_type: str,
                      max_side_limit: int = 4000) -> tuple[int, int]:
-    """Network input (H, W) of DetResizeForTest's limit-side resize (PaddleX 3.7.2
-    ``inference/models/text_detection/processors.py`` ``resize_image_type0``): scale so the max
-    (``"max"``, only shrinking) / min (``"min"``, only growing) side meets the limit, or the long side
-    equals it (``"resize_long"``); cap at ``max_side_limit``; round each side to a multiple of 32."""
-    if limit_type == "max":
-        ratio = limit_side_len / max(h, w) if max(h, w) > limit_side_len else 1.0
-    elif limit_type == "min":
-        ratio = limit_side_len / min(h, w) if min(h, w) < limit_side_len else 1.0
-    elif limit_type == "resize_long":
-        ratio = limit_side_len / max(h, w)
-    else:
-        raise ExportError(f"limit_type: expected 'max', 'min' or 'resize_long', got {limit_type!r}")
-    rh, rw = int(h * ratio), int(w * ratio)
-    if max(rh, rw) > max_side_limit:
-        cap = max_side_limit / max(rh, rw)
-        rh, rw = int(rh * cap), int(rw * cap)
-    return max(int(round(rh / 32) * 32), 32), max(int(round(rw / 32) * 32), 32)
+    """Network input (H, W) of DetResizeForTest's limit-side resize as PaddleX 3.7.2's predictor does it
+    (``inference/models/text_detection/processors.py`` ``resize_image_type0``): the evaluation's
+    :func:`zoo.data.text_det.transforms.limit_side_shape` with the long side capped at ``max_side_limit``."""
+    try:
+        return limit_side_shape(h, w, limit_side_len, limit_type, max_side_limit)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 def _normalize_op(mean, std, order: str) -> dict:
@@ -109,6 +100,16 @@ def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_N
            {"ToCHWImage": None}]
     return {"Global": {"model_name": model_name}, "PreProcess": {"transform_ops": ops},
             "PostProcess": {"name": "DBPostProcess", **post}}
+
+
+# The zoo's models that are PaddleOCR's own networks, served under their PaddleX names; every other DB
+# gets DEFAULT_DET_MODEL_NAME (the name picks the client's defaults only).
+PADDLEX_DET_NAMES = {"ppocrv5_mobile_det": "PP-OCRv5_mobile_det", "ppocrv4_mobile_det": "PP-OCRv4_mobile_det"}
+
+
+def paddlex_det_name(model_name: str) -> str:
+    """PaddleX name a DB model of ours is exported under (``ppocrv5_mobile_det`` -> ``PP-OCRv5_mobile_det``)."""
+    return PADDLEX_DET_NAMES.get(model_name, DEFAULT_DET_MODEL_NAME)
 
 
 # PaddleX's ResNet classification models (paddlex/configs/modules/image_classification).
@@ -228,13 +229,15 @@ def export_inference(model: nn.Layer, out_dir, input_shape: Sequence, infer_yml:
     ``output`` picks the wrapper: ``"maps"`` (DB: the shrink map tensor), ``"probs"`` (classifier +
     softmax) or ``"raw"``.
     ``precision``: ``fp32``, ``fp16`` or ``bf16`` weights (zoo/export/precision.py); inputs and
-    outputs stay float32. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
+    outputs stay float32. A network with re-parameterisable layers (PP-OCRv4/v5's PPLCNetV3) is saved
+    in its deploy form, from a ``rep()``'d copy (:func:`~zoo.export.common.in_deploy_form`); ``model``
+    itself keeps its form. Earlier export files in ``out_dir`` (:data:`ARTEFACTS`) are removed first.
     The model's training flag is restored afterwards. Returns the written files.
     """
     if deploy is None and output not in _OUTPUT_WRAPPERS:
         raise ExportError(f"output: expected one of {sorted(_OUTPUT_WRAPPERS)}, got {output!r}")
     shape = _check_shape(input_shape)
-    model = fp32_model(model)
+    model, _ = in_deploy_form(fp32_model(model))  # PP-OCRv4/v5: a rep()'d copy, as PaddleOCR exports
     spec = paddle.static.InputSpec(shape=shape, dtype="float32", name="x")
     wrap = deploy or _OUTPUT_WRAPPERS[output]
     layer = wrap(in_precision(model, precision))  # a low-precision copy is in eval mode

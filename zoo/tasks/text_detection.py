@@ -1,6 +1,7 @@
 """DB text detection as a task: DB loss for training, ICDAR IoU counts for evaluation.
 
-Train batches hold ``image`` and the four DB label maps; eval batches hold ``image`` (resized),
+Train batches hold ``image`` and the four DB label maps; eval batches hold ``image`` (resized; with
+a limit-side resize padded to the batch's largest, each image's own size in ``valid_hw`` [N, 2]),
 ``shape`` (src_h, src_w, ratio_h, ratio_w), ``polys`` [N, P, 4, 2] in source pixels (zero-padded),
 ``ignore`` [N, P] and ``num_polys`` [N]. The model returns ``{"maps": [N, 3, H, W]}`` in train
 mode and ``{"maps": [N, 1, H, W]}`` in eval mode; the engine switches the mode. The export saves
@@ -81,9 +82,16 @@ class DBTask(Task):
         return self.loss(self._maps(model(batch["image"])), batch)
 
     def predict(self, model, batch) -> list[tuple]:
-        """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels."""
-        maps = self._maps(model(batch["image"])).astype("float32")
-        return self.postprocess(maps.numpy(), as_numpy(batch["shape"]))
+        """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels. A batch
+        padded to one size (``valid_hw``: a limit-side resize, zoo/data/text_det) has each map cropped
+        to its image's own size first, so the post-processing scales boxes as for that image alone."""
+        maps = self._maps(model(batch["image"])).astype("float32").numpy()
+        shapes = as_numpy(batch["shape"])
+        valid = batch.get("valid_hw") if isinstance(batch, Mapping) else None
+        if valid is None:
+            return self.postprocess(maps, shapes)
+        return [self.postprocess(m[None, :, :h, :w], s[None])[0]
+                for m, s, (h, w) in zip(maps, shapes, as_numpy(valid).astype(np.int64))]
 
     @staticmethod
     def _ground_truth(batch):

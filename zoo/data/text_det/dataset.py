@@ -17,6 +17,7 @@ draw all augmentation randomness from ``np.random.default_rng((seed, epoch, inde
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from zoo.data.images import (
 from zoo.data.skip_limit import DEFAULT_MAX_LOST_FRACTION, check_max_lost_fraction, refuse_if_most_lost
 from zoo.data.skip_limit import KEY as MAX_LOST_KEY
 from zoo.data.text_det.memory import check_keep_freed_memory, keep_freed_memory
-from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform
+from zoo.data.text_det.transforms import DetEvalTransform, DetTrainTransform, pad_eval_batch
 from zoo.data.text_encoding import utf8_lines
 
 __all__ = ["IGNORE_TRANSCRIPTIONS", "TextDetData", "TextDetDataset", "load_det_labels", "read_det_label_file"]
@@ -212,7 +213,9 @@ class TextDetDataset(paddle.io.Dataset):
     ``split="train"``: :class:`~zoo.data.text_det.transforms.DetTrainTransform` items
     (``image`` [3,S,S], ``shrink_map``, ``shrink_mask``, ``threshold_map``,
     ``threshold_mask`` [S,S]).  Other splits: ``image`` [3,H,W] resized to
-    ``eval_size``, ``shape`` [4] = (src_h, src_w, ratio_h, ratio_w), ``polys``
+    ``eval_size``, or, given ``limit_side_len``, by DetResizeForTest's ``limit_type`` mode to a size of
+    its own (batches are then padded: ``valid_hw``, :func:`~zoo.data.text_det.transforms.pad_eval_batch`),
+    ``shape`` [4] = (src_h, src_w, ratio_h, ratio_w), ``polys``
     float32 [P,4,2] in source pixels zero-padded to ``P = max_polys``,
     ``ignore`` int64 [P], ``num_polys`` int64 scalar.  ``aug`` goes to the train
     transform (flip_p, rotate, scale, max_tries, min_crop_side_ratio, shrink_ratio,
@@ -223,7 +226,8 @@ class TextDetDataset(paddle.io.Dataset):
 
     def __init__(self, root, label_file, split: str, seed: int, crop_size: int = 640,
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128, samples=None,
-                 channel_order: str = "BGR", line_numbers=None, keep_freed_memory: bool | int = True, **aug):
+                 channel_order: str = "BGR", line_numbers=None, keep_freed_memory: bool | int = True,
+                 limit_side_len: int | None = None, limit_type: str = "min", **aug):
         super().__init__()
         self.keep_freed_bytes = check_keep_freed_memory(keep_freed_memory)
         if seed < 0:
@@ -254,8 +258,10 @@ class TextDetDataset(paddle.io.Dataset):
         if self.train:
             self.transform = DetTrainTransform(crop_size, **aug)
         else:  # only the normalisation settings apply to eval
-            self.transform = DetEvalTransform(eval_size, **{k: aug[k] for k in ("mean", "std", "normalize_on")
-                                                             if k in aug})
+            self.transform = DetEvalTransform(eval_size, limit_side_len=limit_side_len, limit_type=limit_type,
+                                              **{k: aug[k] for k in ("mean", "std", "normalize_on") if k in aug})
+            if limit_side_len is not None:  # images of their own sizes: padded per batch
+                self.collate_fn = functools.partial(pad_eval_batch, pad_value=self.transform.pad_value())
         # data.builder.normalize_on=device: items carry uint8 images; the loader normalises each
         # batch where it lands (zoo/data/loader.py), a quarter of the bytes through the queues.
         t = self.transform
@@ -292,12 +298,25 @@ class TextDetDataset(paddle.io.Dataset):
             raise FileNotFoundError(f"{self._where(index)}: image file not found: {path}") from None
         polys, ignore = self.annotations(index)
         clip = lambda p, g, h, w: clip_polys_to_image(p, g, h, w)[:2]  # noqa: E731  (same rule unverified)
+        donor = self._donor if self.transform.copy_paste is not None else None
         try:
             return self.transform.decode_and_apply(data, path, polys, ignore,
                                                    np.random.default_rng((self.seed, epoch, index)),
-                                                   self.bgr, clip, clock)
+                                                   self.bgr, clip, clock, donor)
         except (OSError, ValueError) as e:
             raise type(e)(f"{self._where(index)}: {e}") from None
+
+    def _donor(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CopyPaste's second image: a training sample drawn with ``rng`` (it may be the item itself, as
+        upstream's draw allows), decoded whole, its polygons clipped to it."""
+        index = int(rng.integers(len(self.paths)))
+        try:
+            img = (read_image_bgr if self.bgr else read_image_rgb)(self.path(index))
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{self._where(index)} (CopyPaste's donor image): {e}") from None
+        polys, ignore = self.annotations(index)
+        polys, ignore, _ = clip_polys_to_image(polys, ignore, *img.shape[:2])
+        return img, polys, ignore
 
     def __getitem__(self, key):
         key, n = int(key), len(self.paths)
@@ -333,7 +352,8 @@ class TextDetData:
     data_dir ``train_data/icdar2015/text_localization/``): ``root/train_icdar2015_label.txt``
     and ``root/test_icdar2015_label.txt`` listing ``icdar_c4_train_imgs/...`` and
     ``ch4_test_images/...`` relative to ``root``.  ``aug`` keywords go to the
-    train transform (see :class:`TextDetDataset`).
+    train transform (see :class:`TextDetDataset`). Evaluation resizes to ``eval_size`` (H, W) or, with
+    ``limit_side_len`` set, by DetResizeForTest's ``limit_type`` mode (max | min | resize_long).
     """
 
     def __init__(self, root, train_label: str = "train_icdar2015_label.txt",
@@ -341,7 +361,7 @@ class TextDetData:
                  eval_size: Sequence[int] = (736, 1280), max_polys: int = 128,
                  channel_order: str = "BGR", bad_samples: str = "fail", verify_images: bool | str = True,
                  keep_freed_memory: bool | int = True, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
-                 **aug):
+                 limit_side_len: int | None = None, limit_type: str = "min", **aug):
         self.root = Path(root).expanduser()
         check_keep_freed_memory(keep_freed_memory)  # a bad value fails here, naming the key
         self.keep_freed_memory = keep_freed_memory
@@ -364,7 +384,8 @@ class TextDetData:
         self.stats: dict[str, dict] = {}
         # Fail early on bad transform settings rather than at the first batch.
         DetTrainTransform(self.crop_size, **self.aug)
-        DetEvalTransform(self.eval_size)
+        DetEvalTransform(self.eval_size, limit_side_len=limit_side_len, limit_type=limit_type)
+        self.limit_side_len, self.limit_type = limit_side_len, limit_type
 
     def prepare(self) -> None:
         """Hook for subclasses that must create ``root`` before it is read."""
@@ -415,4 +436,4 @@ class TextDetData:
         return TextDetDataset(self.root, path, split, seed, self.crop_size, self.eval_size, self.max_polys,
                               samples=self._samples[split], channel_order=self.channel_order,
                               line_numbers=self._lines[split], keep_freed_memory=self.keep_freed_memory,
-                              **self.aug)
+                              limit_side_len=self.limit_side_len, limit_type=self.limit_type, **self.aug)
