@@ -141,6 +141,25 @@ def _mean_curve(runs, key):
     return steps, [float(np.mean(by_step[s])) for s in steps]
 
 
+def skip_marks(train: list[dict], guard: list[dict]) -> list[tuple[int, float]]:
+    """(step, loss scale after the skip) of each skipped step of a run.
+
+    The numerics guard logs every skipped step (``kind: guard``, ``event: skipped_step``) with the
+    scale it lowered to. A log without such lines (written before the guard existed) holds only
+    the cumulative count of the ``train`` lines: a rise of it marks the log step that closed the
+    window, at its logged scale (the skips happened somewhere in that window)."""
+    skips = [(int(e["step"]), float(e["loss_scale"])) for e in guard
+             if e.get("event") == "skipped_step" and isinstance(e.get("loss_scale"), (int, float))]
+    if skips or any(e.get("event") == "skipped_step" for e in guard):
+        return skips
+    prev, marks = 0, []
+    for r in train:
+        if isinstance(r.get("skipped_steps"), (int, float)) and r["skipped_steps"] > prev:
+            marks.append((r["step"], float(r["loss_scale"])))
+            prev = r["skipped_steps"]
+    return marks
+
+
 def _figures(key, by_prec: dict, out: Path) -> list[str]:
     """Loss curves, loss-scale trajectories and metric-per-seed dots for one group."""
     slug, files = _slug("_".join(map(str, key))), []
@@ -160,16 +179,12 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
                     and r["loss_scale"] > 0]
             if not recs:
                 continue  # FP32 runs have no scaler
-            line, = ax.plot([r["step"] for r in recs], [r["loss_scale"] for r in recs], lw=1,
+            marks = skip_marks(recs, run.series("guard"))
+            points = sorted({(r["step"], float(r["loss_scale"])) for r in recs} | set(marks))
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], lw=1,
                             label=f"{prec} seed {run.summary['seed']}")
-            # A skipped step shows as an increase of the cumulative counter between log records.
-            prev, marks = 0, []
-            for r in recs:
-                if isinstance(r.get("skipped_steps"), (int, float)) and r["skipped_steps"] > prev:
-                    marks.append(r)
-                    prev = r["skipped_steps"]
             if marks:
-                ax.scatter([r["step"] for r in marks], [r["loss_scale"] for r in marks], marker="x",
+                ax.scatter([m[0] for m in marks], [m[1] for m in marks], marker="x",
                            color=line.get_color(), zorder=3)
     ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="loss scale (log)", title="loss scale (x = skipped steps)")
