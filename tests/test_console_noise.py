@@ -3,13 +3,11 @@ and the useful line still there."""
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 import warnings
 
 import numpy as np
