@@ -15,7 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from zoo.report.details import comparison_lines
+from zoo.report.html_page import page
 from zoo.report.parity import FP32, finite_or_none
+from zoo.report.parity import _label as group_label
 
 HEADER = ["configuration", "batch size", "peak memory", "images/s", "metric mean ± std (n)",
           "eval noise (95% bootstrap)", "Δ vs FP32", "90% CI", "test", "verdict", "skipped steps",
@@ -163,7 +165,7 @@ def skip_marks(train: list[dict], guard: list[dict]) -> list[tuple[int, float]]:
 def _figures(key, by_prec: dict, out: Path) -> list[str]:
     """Loss curves, loss-scale trajectories and metric-per-seed dots for one group."""
     slug, files = _slug("_".join(map(str, key))), []
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))  # index.html shows it at the page's width
     for prec, runs in by_prec.items():
         steps, loss = _mean_curve(runs, "loss")
         if steps:
@@ -172,7 +174,7 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
     ax.legend(fontsize=7)
     files.append(_save(fig, out / f"{slug}_loss.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     for prec, runs in by_prec.items():
         for run in runs:
             recs = [r for r in run.series("train") if isinstance(r.get("loss_scale"), (int, float))
@@ -192,7 +194,7 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
         ax.legend(fontsize=6)
     files.append(_save(fig, out / f"{slug}_loss_scale.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 3.5))
     names = list(by_prec)
     for i, prec in enumerate(names):
         vals = [r.metric * 100 for r in by_prec[prec]]
@@ -267,20 +269,11 @@ def _details_html(lines: list[str], mixed: list) -> str:
     return "".join(out) + ("</ul>" if open_list else "")
 
 
-def _html(table: list[dict], aside: list, images: list[str], mixed: list | None = None) -> str:
+def _table_html(table: list[dict]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
                    for cells in table_rows(table))
-    aside_html = "".join(f"<li><code>{html.escape(str(a.path))}</code>: {html.escape(a.reason)}</li>"
-                         for a in aside)
-    imgs = "".join(f'<img src="{html.escape(i)}" alt="{html.escape(i)}">' for i in images)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>AMP parity report</title>"
-            "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 6px}"
-            "img{max-width:32%;margin:4px}</style></head><body><h1>AMP vs FP32 parity</h1>"
-            f"<table><tr>{head}</tr>{body}</table>"
-            + f"<h2>Comparisons</h2>{_details_html(details(table), mixed or [])}"
-            + (f"<h2>Set aside</h2><ul>{aside_html}</ul>" if aside else "")
-            + f"<h2>Figures</h2>{imgs}</body></html>\n")
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _jsonable(obj):
@@ -299,11 +292,22 @@ def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bo
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
-    images = [f for f in (_equivalence_figure(e, out) for e in table) if f]
-    images += [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
+    sections, images = [], []
+    equivalence = {e["group"]: _equivalence_figure(e, out) for e in table}
+    for key, by_prec in groups.items():
+        group = group_label(key)
+        figures = [(equivalence.get(group), "AMP − FP32: per-seed differences, mean and 90% CI against the margin")]
+        figures += zip(_figures(key, by_prec, out), ["train loss, mean over seeds per precision",
+                                                     "loss scale per run (x: skipped steps)",
+                                                     "primary metric per seed"])
+        figures = [(name, caption) for name, caption in figures if name]
+        sections.append({"group": group, "by_prec": by_prec, "figures": figures})
+        images += [name for name, _ in figures]
     data = {"all_equivalent": ok, "groups": table, "images": images,
             "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
             "mixed_provenance": list(mixed or []), "notes": list(notes or [])}
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    (out / "index.html").write_text(_html(table, aside, images, [*(mixed or []), *(notes or [])]))
+    details_html = _details_html(details(table), mixed or [])
+    (out / "index.html").write_text(page(table, sections, out, ok, _table_html(table), details_html, aside,
+                                         list(notes or [])))
     return md
