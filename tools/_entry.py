@@ -1,7 +1,10 @@
 """Shared start-up for the Hydra entry points: import path, resolvers, clean user errors.
 
-Importing it also silences Paddle's "No ccache found" warning (every ``import paddle`` gives it;
-it concerns compiling C++ extensions, which no tool does) and makes Hydra's own composition errors
+Importing it also silences two of Paddle's warnings that say nothing about the user's run:
+"No ccache found" (every ``import paddle`` gives it; it concerns compiling C++ extensions, which no
+tool does) and BatchNorm's "When training, we now always track global mean and variance" (every
+train-mode forward of every BatchNorm gives it; it describes Paddle's behaviour since 2.0, not a
+problem). It also makes Hydra's own composition errors
 (``amp=O3``, ``trainer.max_stepz=3``) one ``error:`` line with exit status 2, as the zoo's are.
 """
 from __future__ import annotations
@@ -14,8 +17,17 @@ import sys
 import warnings
 from pathlib import Path
 
-# Before anything imports paddle: its cpp_extension module warns at import when ccache is missing.
-warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+
+def quiet_paddle_warnings() -> None:
+    """Ignore the two Paddle warnings above: each exact message, nothing broader."""
+    # Before anything imports paddle: its cpp_extension module warns at import when ccache is missing.
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    # paddle/nn/layer/norm.py, _BatchNormBase.forward: that one message from that one module.
+    warnings.filterwarnings("ignore", message=r"When training, we now always track global mean and variance\.$",
+                            category=UserWarning, module=r"paddle\.nn\.layer\.norm$")
+
+
+quiet_paddle_warnings()
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")

@@ -59,6 +59,18 @@ def round_np(a: np.ndarray, dtype: str, overflow: bool = True) -> np.ndarray:
     return r
 
 
+def _ieee_nan():
+    """``np.errstate`` for the kernels' arithmetic below, where NaN is an expected result.
+
+    In an overflowing step (a loss scale too high for this batch: the case dynamic loss scaling
+    exists for) gradients hold +inf and -inf, so ``inf + (-inf)`` and ``inf * 0`` (a padded zero)
+    give NaN, as they do in fp16 on the GPU. The NaN is the emulated kernel's correct output: the
+    scaler's finiteness check sees it, skips the step and lowers the scale. NumPy's "invalid value
+    encountered" warning for it would only tell the user what the skip count already says.
+    """
+    return np.errstate(invalid="ignore")
+
+
 def _fits(bound: float) -> bool:
     """True when no value of a computation bounded by ``bound`` can reach fp16's overflow."""
     return bound * 1.01 < FP16_MAX
@@ -76,7 +88,8 @@ def _block_size(width: int) -> int:
 def _tree_sum(v: np.ndarray, dtype: str) -> np.ndarray:
     """Sum over the last axis (length 32) as a warp shuffle tree with a rounding after each add."""
     while v.shape[-1] > 1:
-        v = round_np(v[..., 0::2] + v[..., 1::2], dtype)
+        with _ieee_nan():  # inf + -inf of an overflowing step: NaN, as on the GPU
+            v = round_np(v[..., 0::2] + v[..., 1::2], dtype)
     return v[..., 0]
 
 
@@ -120,8 +133,9 @@ def forward_np(x: np.ndarray, w: np.ndarray, g: Geometry, dtype: str) -> np.ndar
     acc = None
     for i, j in g.taps():
         rows, cols = g.view(xp, i, j)
-        prod = round_np(xp[:, :, rows, cols] * w[None, :, 0, i, j, None, None], dtype, check)
-        acc = prod if acc is None else round_np(acc + prod, dtype, check)  # 0 + p needs no rounding
+        with _ieee_nan():  # inf * 0 and inf + -inf of an overflowing step: NaN, as on the GPU
+            prod = round_np(xp[:, :, rows, cols] * w[None, :, 0, i, j, None, None], dtype, check)
+            acc = prod if acc is None else round_np(acc + prod, dtype, check)  # 0 + p needs no rounding
     return acc
 
 
@@ -130,8 +144,9 @@ def input_grad_np(dy: np.ndarray, w: np.ndarray, g: Geometry, dtype: str) -> np.
     check = not _fits(float(np.abs(w).sum(axis=(1, 2, 3)).max(initial=0.0)) * float(np.abs(dy).max(initial=0.0)))
     for i, j in reversed(g.taps()):
         rows, cols = g.view(gp, i, j)
-        gp[:, :, rows, cols] = round_np(
-            gp[:, :, rows, cols] + round_np(dy * w[None, :, 0, i, j, None, None], dtype, check), dtype, check)
+        with _ieee_nan():  # inf * 0 and inf + -inf of an overflowing step: NaN, as on the GPU
+            gp[:, :, rows, cols] = round_np(
+                gp[:, :, rows, cols] + round_np(dy * w[None, :, 0, i, j, None, None], dtype, check), dtype, check)
     return gp[:, :, g.pt:g.pt + g.h, g.pl:g.pl + g.w]
 
 
@@ -141,8 +156,9 @@ def filter_grad_np(dy: np.ndarray, x: np.ndarray, g: Geometry, dtype: str) -> np
     xp = g.pad(x)
     # products[c, tap, n, ho, wo], each rounded (fp16 multiply)
     check = not _fits(float(np.abs(dy).max(initial=0.0)) * float(np.abs(x).max(initial=0.0)))
-    prods = np.stack([round_np(dy * xp[:, :, r, s], dtype, check).transpose(1, 0, 2, 3)
-                      for r, s in (g.view(xp, i, j) for i, j in g.taps())], axis=1)
+    with _ieee_nan():  # inf * 0 (a padded zero) of an overflowing step: NaN, as on the GPU
+        prods = np.stack([round_np(dy * xp[:, :, r, s], dtype, check).transpose(1, 0, 2, 3)
+                          for r, s in (g.view(xp, i, j) for i, j in g.taps())], axis=1)
     prods = _pad_to(_pad_to(prods, 3, bdy), 4, bdx)
     c, k, n, hp, wp = prods.shape
     # [c, k, n, B, bdy, A, bdx] -> per thread (ty, tx) the sequence (A outer, n, B inner)
@@ -150,7 +166,8 @@ def filter_grad_np(dy: np.ndarray, x: np.ndarray, g: Geometry, dtype: str) -> np
     seq = seq.reshape(c, k, -1, bdy * bdx)
     acc = np.zeros((c, k, bdy * bdx), np.float32)
     for step in range(seq.shape[2]):
-        acc = round_np(acc + seq[:, :, step], dtype)
+        with _ieee_nan():  # inf + -inf of an overflowing step: NaN, as on the GPU
+            acc = round_np(acc + seq[:, :, step], dtype)
     warps = _pad_to(acc, 2, 32).reshape(c, k, -1, 32)
     partial = _pad_to(_tree_sum(warps, dtype), 2, 32)
     return _tree_sum(partial, dtype).reshape(c, 1, g.kh, g.kw)

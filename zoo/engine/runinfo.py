@@ -14,6 +14,7 @@ from pathlib import Path
 import paddle
 
 from zoo.utils.fileio import with_filename
+from zoo.utils.progress import write_line
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ def announce(message: str, stream=None, level: int = logging.INFO) -> None:
     line) would otherwise be missing from the run's ``train.log``, which only the logging handlers
     write; the console handler is skipped so the line is not shown twice.
     """
-    print(message, file=stream or sys.stdout, flush=True)
+    write_line(message, stream or sys.stdout)  # a progress bar on the console is cleared first
     record = logging.LogRecord("ampzoo", level, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):

@@ -83,6 +83,13 @@ class TrainerSettings:
                 raise ValueError(f"trainer.{key}: expected true or false, got {getattr(self, key)!r}")
 
 
+def _new_window(partial: bool = False) -> dict:
+    """The steps since the last ``train`` line of metrics.jsonl: how many, their time, the sums of
+    their loss terms, the LR of the last one, and whether some of its steps are missing (a resume
+    from a checkpoint that did not keep the window)."""
+    return {"steps": 0, "time": 0.0, "terms": {}, "lr": None, "partial": partial}
+
+
 class Trainer:
     """Runs training to ``max_steps`` and returns the summary facts it measured."""
 
@@ -122,6 +129,9 @@ class Trainer:
         # this step has not finished: a checkpoint written meanwhile says so, and a resume redoes it.
         self.phase = "training"
         self.eval_pending = False
+        # The steps since the last metrics.jsonl line: checkpointed, so a resumed run's next line
+        # averages the same steps as an uninterrupted run's.
+        self.window = _new_window()
         self.stop = StopRequests(enabled=False)  # replaced by the live one in handling_signals()
         # autocast + forward + loss; paddle.jit.to_static around it when trainer.compile=true
         self.forward_losses = training_forward(task, model, amp, settings.compile)
@@ -136,7 +146,7 @@ class Trainer:
                 "rng": ckpt.rng_state(), "best": self.best, "train_time": self.train_time,
                 "wall_time": self.wall_before_resume + time.time() - self.wall_start,
                 "images_seen": self.images_seen, "config": self.config_yaml,
-                "eval_pending": self.eval_pending}
+                "eval_pending": self.eval_pending, "log_window": self.window}
 
     def load_state_dict(self, state: dict, source: Path) -> None:
         layer = dist.unwrap(self.model)
@@ -153,6 +163,11 @@ class Trainer:
         self.wall_before_resume = float(state.get("wall_time", 0.0))  # 0 for checkpoints that predate it
         self.images_seen = int(state.get("images_seen", 0))
         self.eval_pending = bool(state.get("eval_pending", False))
+        # A checkpoint from before the window was kept, taken between two log steps: the first line
+        # after the resume says that it averages fewer steps (window_steps).
+        saved_window = state.get("log_window")
+        self.window = {**_new_window(), **saved_window} if saved_window else \
+            _new_window(partial=self.step % self.settings.log_every != 0)
 
     def save_checkpoint(self) -> None:
         dist.sync_buffers(self.model, self.ema)
@@ -293,7 +308,7 @@ class Trainer:
         return pairs
 
     def _loop(self, data_iter, bar) -> None:
-        window = {"steps": 0, "time": 0.0, "terms": {}}
+        window = self.window
         while self.step < self.settings.max_steps:
             t0 = time.perf_counter()  # data loading counts: images/s is what training delivers
             batch = next(data_iter)
@@ -403,11 +418,13 @@ class Trainer:
             rec.update(lr=window["lr"], loss_scale=self.amp.loss_scale,
                        skipped_steps=self.amp.skipped_steps, epoch=self.step / self.steps_per_epoch,
                        time=time.time(), images_per_s=images / max(window["time"], 1e-9))
+            if window["partial"]:  # resumed from a checkpoint without the window: fewer steps averaged
+                rec["window_steps"] = window["steps"]
             self.metrics.write("train", self.step, **rec)
             bar.report(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
                        scale=f"{rec['loss_scale']:g}" if rec["loss_scale"] else "-",
                        ips=f"{rec['images_per_s']:.1f}")
-            window.update(steps=0, time=0.0, terms={})
+            window.update(_new_window())
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:  # hook 3: eval
             self.evaluate()
         if self.step % self.settings.ckpt_every == 0 and self.step < self.settings.max_steps:  # hook 4: checkpoint

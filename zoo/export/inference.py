@@ -30,6 +30,7 @@ from zoo.export.precision import in_precision
 from zoo.postprocess import DBPostProcess
 from zoo.tasks.classification import ClassifierProbs
 from zoo.tasks.text_detection import DBProbabilityMap
+from zoo.utils.stderr_filter import PIR_OUT_TENSOR_WARNING, dropping_stderr_lines
 
 __all__ = ["DET_MODEL_NAMES", "DEFAULT_DET_MODEL_NAME", "LAYOUTS", "ExportError", "cls_inference_yml", "db_inference_yml", "det_resize_shape", "export_inference",
            "export_onnx", "paddlex_cls_name", "paddlex_det_name", "save_program"]
@@ -190,7 +191,9 @@ def save_program(layer: nn.Layer, model: nn.Layer, out_dir, specs: Sequence, pre
     # Saved beside, then moved in: a failed export leaves an earlier one in out_dir untouched.
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp:
         try:
-            paddle.jit.save(layer, str(Path(tmp) / prefix), input_spec=list(specs))
+            # Paddle's own `x + y` in PIR mode makes glog warn about an `out` tensor (zoo/utils/stderr_filter.py)
+            with dropping_stderr_lines([PIR_OUT_TENSOR_WARNING]):
+                paddle.jit.save(layer, str(Path(tmp) / prefix), input_spec=list(specs))
         except (TypeError, ValueError) as e:
             if precision != "fp32" and "Check data type error" in str(e):
                 raise _low_precision_error(precision, e) from None

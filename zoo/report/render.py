@@ -15,7 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from zoo.report.details import comparison_lines
+from zoo.report.html_page import page
 from zoo.report.parity import FP32, finite_or_none
+from zoo.report.parity import _label as group_label
 
 HEADER = ["configuration", "batch size", "peak memory", "images/s", "metric mean ± std (n)",
           "eval noise (95% bootstrap)", "Δ vs FP32", "90% CI", "test", "verdict", "skipped steps",
@@ -141,10 +143,29 @@ def _mean_curve(runs, key):
     return steps, [float(np.mean(by_step[s])) for s in steps]
 
 
+def skip_marks(train: list[dict], guard: list[dict]) -> list[tuple[int, float]]:
+    """(step, loss scale after the skip) of each skipped step of a run.
+
+    The numerics guard logs every skipped step (``kind: guard``, ``event: skipped_step``) with the
+    scale it lowered to. A log without such lines (written before the guard existed) holds only
+    the cumulative count of the ``train`` lines: a rise of it marks the log step that closed the
+    window, at its logged scale (the skips happened somewhere in that window)."""
+    skips = [(int(e["step"]), float(e["loss_scale"])) for e in guard
+             if e.get("event") == "skipped_step" and isinstance(e.get("loss_scale"), (int, float))]
+    if skips or any(e.get("event") == "skipped_step" for e in guard):
+        return skips
+    prev, marks = 0, []
+    for r in train:
+        if isinstance(r.get("skipped_steps"), (int, float)) and r["skipped_steps"] > prev:
+            marks.append((r["step"], float(r["loss_scale"])))
+            prev = r["skipped_steps"]
+    return marks
+
+
 def _figures(key, by_prec: dict, out: Path) -> list[str]:
     """Loss curves, loss-scale trajectories and metric-per-seed dots for one group."""
     slug, files = _slug("_".join(map(str, key))), []
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))  # index.html shows it at the page's width
     for prec, runs in by_prec.items():
         steps, loss = _mean_curve(runs, "loss")
         if steps:
@@ -153,23 +174,19 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
     ax.legend(fontsize=7)
     files.append(_save(fig, out / f"{slug}_loss.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     for prec, runs in by_prec.items():
         for run in runs:
             recs = [r for r in run.series("train") if isinstance(r.get("loss_scale"), (int, float))
                     and r["loss_scale"] > 0]
             if not recs:
                 continue  # FP32 runs have no scaler
-            line, = ax.plot([r["step"] for r in recs], [r["loss_scale"] for r in recs], lw=1,
+            marks = skip_marks(recs, run.series("guard"))
+            points = sorted({(r["step"], float(r["loss_scale"])) for r in recs} | set(marks))
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], lw=1,
                             label=f"{prec} seed {run.summary['seed']}")
-            # A skipped step shows as an increase of the cumulative counter between log records.
-            prev, marks = 0, []
-            for r in recs:
-                if isinstance(r.get("skipped_steps"), (int, float)) and r["skipped_steps"] > prev:
-                    marks.append(r)
-                    prev = r["skipped_steps"]
             if marks:
-                ax.scatter([r["step"] for r in marks], [r["loss_scale"] for r in marks], marker="x",
+                ax.scatter([m[0] for m in marks], [m[1] for m in marks], marker="x",
                            color=line.get_color(), zorder=3)
     ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="loss scale (log)", title="loss scale (x = skipped steps)")
@@ -177,7 +194,7 @@ def _figures(key, by_prec: dict, out: Path) -> list[str]:
         ax.legend(fontsize=6)
     files.append(_save(fig, out / f"{slug}_loss_scale.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(11, 3.5))
     names = list(by_prec)
     for i, prec in enumerate(names):
         vals = [r.metric * 100 for r in by_prec[prec]]
@@ -252,20 +269,11 @@ def _details_html(lines: list[str], mixed: list) -> str:
     return "".join(out) + ("</ul>" if open_list else "")
 
 
-def _html(table: list[dict], aside: list, images: list[str], mixed: list | None = None) -> str:
+def _table_html(table: list[dict]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
                    for cells in table_rows(table))
-    aside_html = "".join(f"<li><code>{html.escape(str(a.path))}</code>: {html.escape(a.reason)}</li>"
-                         for a in aside)
-    imgs = "".join(f'<img src="{html.escape(i)}" alt="{html.escape(i)}">' for i in images)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>AMP parity report</title>"
-            "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 6px}"
-            "img{max-width:32%;margin:4px}</style></head><body><h1>AMP vs FP32 parity</h1>"
-            f"<table><tr>{head}</tr>{body}</table>"
-            + f"<h2>Comparisons</h2>{_details_html(details(table), mixed or [])}"
-            + (f"<h2>Set aside</h2><ul>{aside_html}</ul>" if aside else "")
-            + f"<h2>Figures</h2>{imgs}</body></html>\n")
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _jsonable(obj):
@@ -285,11 +293,22 @@ def write_report(out: Path, table: list[dict], aside: list, groups: dict, ok: bo
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(table, aside, mixed, notes)
     (out / "report.md").write_text(md)
-    images = [f for f in (_equivalence_figure(e, out) for e in table) if f]
-    images += [f for key, by_prec in groups.items() for f in _figures(key, by_prec, out)]
+    sections, images = [], []
+    equivalence = {e["group"]: _equivalence_figure(e, out) for e in table}
+    for key, by_prec in groups.items():
+        group = group_label(key)
+        figures = [(equivalence.get(group), "AMP − FP32: per-seed differences, mean and 90% CI against the margin")]
+        figures += zip(_figures(key, by_prec, out), ["train loss, mean over seeds per precision",
+                                                     "loss scale per run (x: skipped steps)",
+                                                     "primary metric per seed"])
+        figures = [(name, caption) for name, caption in figures if name]
+        sections.append({"group": group, "by_prec": by_prec, "figures": figures})
+        images += [name for name, _ in figures]
     data = {"all_equivalent": ok, "groups": table, "images": images,
             "set_aside": [{"path": str(a.path), "reason": a.reason} for a in aside],
             "mixed_provenance": list(mixed or []), "notes": list(notes or []), "revisions": list(revisions or [])}
     (out / "report.json").write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-    (out / "index.html").write_text(_html(table, aside, images, [*(mixed or []), *(notes or [])]))
+    details_html = _details_html(details(table), mixed or [])
+    (out / "index.html").write_text(page(table, sections, out, ok, _table_html(table), details_html, aside,
+                                         list(notes or [])))
     return md

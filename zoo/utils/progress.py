@@ -6,15 +6,22 @@ only when its stream (stderr) is a terminal. Elsewhere it writes a plain line ev
 updates (default: about every 10 % of ``total``) and, from :meth:`report`, the values a bar would
 show in its postfix (the training loop reports step, loss, lr, ips every ``trainer.log_every`` steps).
 Every progress display of the zoo goes through this module.
+
+While a bar is drawn, a line written under it would be glued to the bar's last state and the bar
+redrawn below it, half a line each time. So while any bar is live, the console handlers of the
+root logger (Hydra's ``[time][name][LEVEL] - ...``) are swapped for ones that write through
+``tqdm.write`` (clear the bar, write the line, redraw the bar), and :func:`write_line` does the
+same for the zoo's plain lines (``announce``'s ``warning: ...``). Closing the last bar restores them.
 """
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
 
-__all__ = ["Progress", "is_terminal", "progress"]
+__all__ = ["Progress", "is_terminal", "progress", "write_line"]
 
 
 def is_terminal(stream=None) -> bool:
@@ -24,6 +31,64 @@ def is_terminal(stream=None) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+
+
+_live: list = []      # the tqdm bars drawn now
+_swapped: list = []   # (logger, original console handler, its tqdm.write replacement)
+
+
+class _TqdmWriteHandler(logging.Handler):
+    """A console handler's records, written with ``tqdm.write`` to the handler's own stream."""
+
+    def __init__(self, original: logging.StreamHandler):
+        super().__init__(original.level)
+        self.original = original
+        self.setFormatter(original.formatter)
+        self.filters = list(original.filters)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.original.stream)
+        except Exception:  # noqa: BLE001  (logging's own convention: never raise from a handler)
+            self.handleError(record)
+
+
+def _console_handlers(logger: logging.Logger) -> list[logging.StreamHandler]:
+    return [h for h in logger.handlers if type(h) is logging.StreamHandler and is_terminal(h.stream)]
+
+
+def _bar_opened(bar) -> None:
+    if not _live:
+        root = logging.getLogger()
+        for handler in _console_handlers(root):
+            replacement = _TqdmWriteHandler(handler)
+            root.handlers[root.handlers.index(handler)] = replacement  # in place: the order stays
+            _swapped.append((root, handler, replacement))
+    _live.append(bar)
+
+
+def _bar_closed(bar) -> None:
+    if bar in _live:
+        _live.remove(bar)
+    if not _live:
+        while _swapped:
+            logger, handler, replacement = _swapped.pop()
+            if replacement in logger.handlers:
+                logger.handlers[logger.handlers.index(replacement)] = handler
+
+
+def write_line(message: str, stream=None) -> None:
+    """``print(message, file=stream)`` (stdout by default), through ``tqdm.write`` while a bar is drawn."""
+    stream = sys.stdout if stream is None else stream
+    if _live:
+        from tqdm import tqdm
+
+        tqdm.write(message, file=stream)
+        stream.flush()
+    else:
+        print(message, file=stream, flush=True)
 
 
 def _fmt(value) -> str:
@@ -55,6 +120,7 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale,
                              unit_divisor=1024 if unit_scale else 1000, leave=leave, file=self.stream,
                              dynamic_ncols=True)
+            _bar_opened(self._bar)
         if every is None:
             every = max(1, math.ceil((total - initial) / 10)) if total and total > initial else 0
         self.every = int(every)
@@ -103,6 +169,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            _bar_closed(self._bar)
             self._bar = None
         self.disable = True  # nothing more, in either mode
 
