@@ -151,6 +151,22 @@ def test_equivalent_sweep_exits_0_and_writes_files(tmp_path):
     assert "<img" in (rep / "index.html").read_text()
 
 
+def test_finished_only_reports_a_running_sweep_and_names_what_it_left_out(tmp_path, capsys):
+    """A sweep still running has folders without summary.json: by default they stop the report (no
+    silent gaps); --finished-only leaves them out and the report's notes name each one."""
+    sweep = make_sweep(tmp_path / "sweep", amp_shift=0.0, seeds=3)
+    running = sweep / "6_O1_seed3"
+    (running / "checkpoints").mkdir(parents=True)
+    (running / "config.yaml").write_text("seed: 3\n")
+    assert report_tool.main([str(sweep), "--out", str(tmp_path / "r1")]) == 2
+    assert "6_O1_seed3/summary.json: missing summary.json" in capsys.readouterr().err
+    assert report_tool.main([str(sweep), "--finished-only", "--out", str(tmp_path / "r2")]) == 0
+    out = capsys.readouterr().out
+    assert "(3)" in out and f"{running.resolve()}: unfinished (no summary.json yet), left out (--finished-only)" in out
+    data = json.loads((tmp_path / "r2" / "report.json").read_text())
+    assert data["groups"][0]["amp"][0]["n"] == 3
+
+
 def test_amp_five_points_worse_is_different_exit_1(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep", amp_shift=-0.05)
     assert report_tool.main([str(sweep), "--out", str(tmp_path / "rep")]) == 1  # in-process: faster

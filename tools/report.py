@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model-cards", default=None, metavar="FILE",
                         help="also rewrite the measured section --section of this file (MODEL_CARDS.md)")
     parser.add_argument("--section", default=None, help="name of the <!-- measured:NAME --> section")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="leave out run folders without summary.json yet (a sweep still running), each named "
+                             "in the report's notes; without it they stop the report")
     parser.add_argument("--against-published", action="store_true",
                         help="compare each run with the published figure of its config (no parity report)")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
@@ -57,7 +60,8 @@ def main(argv=None) -> int:
     if bool(args.model_cards) != bool(args.section):
         parser.error("--model-cards and --section go together")
     try:
-        code, md = make_report(args.inputs, MARGINS, args.out, args.delta, args.alpha, args.allow_mixed)
+        code, md = make_report(args.inputs, MARGINS, args.out, args.delta, args.alpha, args.allow_mixed,
+                               args.finished_only)
         if args.model_cards:
             command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
             out = report_dir(args.inputs, args.out)

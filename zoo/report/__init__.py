@@ -23,7 +23,8 @@ def report_dir(inputs, out=None) -> Path:
     return Path(out) if out else (first.parent if first.is_file() else first) / "report"
 
 
-def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mixed=False) -> tuple[int, str]:
+def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mixed=False,
+                finished_only: bool = False) -> tuple[int, str]:
     """Build the report for ``inputs`` (run or multirun folders) and return (exit code, Markdown).
 
     Exit code 0: every AMP group is "equivalent"; 1: some is not, or no AMP group was left to judge.
@@ -37,7 +38,7 @@ def make_report(inputs, margins_file, out=None, delta=None, alpha=0.05, allow_mi
     if not 0 < alpha < 0.5:
         raise ReportInputError(f"--alpha must be in (0, 0.5), got {alpha}")
     chain_notes: list[str] = []  # run folders a resume continued, read as the resumed run
-    runs = load_runs(inputs, chain_notes)
+    runs = load_runs(inputs, chain_notes, finished_only)
     groups, aside = group_runs(runs)
     mixed = mixed_provenance(groups)
     if mixed and not allow_mixed:

@@ -223,11 +223,18 @@ def _search(folder: Path, depth: int) -> list[Path]:
     return runs
 
 
-def load_runs(inputs, notes: list | None = None) -> list[Run]:
+def load_runs(inputs, notes: list | None = None, finished_only: bool = False) -> list[Run]:
     """Load every run under ``inputs``; any unusable summary stops the report (no silent gaps).
-    ``notes`` gets a line for each run folder read as the resumed run that continued it."""
-    return [Run(d, _load_summary(d / "summary.json"), _load_records(d / "metrics.jsonl"))
-            for d in find_run_dirs(inputs, notes)]
+    ``notes`` gets a line for each run folder read as the resumed run that continued it and, with
+    ``finished_only`` (a sweep still running), for each folder left out because it has no summary.json
+    yet: the report says which runs it does not contain."""
+    dirs = find_run_dirs(inputs, notes)
+    if finished_only:
+        unfinished = [d for d in dirs if not (d / "summary.json").exists()]
+        if notes is not None:
+            notes += [f"{d}: unfinished (no summary.json yet), left out (--finished-only)" for d in unfinished]
+        dirs = [d for d in dirs if d not in unfinished]
+    return [Run(d, _load_summary(d / "summary.json"), _load_records(d / "metrics.jsonl")) for d in dirs]
 
 
 def set_aside_reason(run: Run) -> str | None:
