@@ -5,7 +5,7 @@ precision and the predictions are compared image by image.
 
 Paddle Inference and ``paddle.jit.load`` run a saved program in C++, out of reach of the zoo's
 emulation, which wraps the ``paddle._C_ops`` functions dygraph code calls. So the program is read
-(:mod:`zoo.deploy.program`) and run op by op with those functions (:mod:`zoo.deploy.interpreter`),
+(:mod:`zoo.weights.program`) and run op by op with those functions (:mod:`zoo.deploy.interpreter`),
 where the emulation and the per-op recorder see every op. ``inputs`` lists and reads the images,
 ``preprocess`` turns one into the model's feeds, ``tasks`` turns outputs into predictions and scores
 the agreement of two, ``agreement`` pools it over images into a verdict, ``check`` runs one

@@ -2,7 +2,7 @@
 user's own images, without labels (``tools/deploy_check.py``; docs/export.md, "Check a deployed model").
 
 The model is any inference program PaddleOCR, PaddleDetection, PaddleClas, PaddleX or the zoo wrote
-(zoo/deploy/program.py). It is run op by op by zoo/deploy/interpreter.py, so the deployment emulation
+(zoo/weights/program.py). It is run op by op by zoo/deploy/interpreter.py, so the deployment emulation
 of zoo/export/deployed.py sees every op, with Paddle Inference's conv + BatchNorm fold applied to the
 program first, as its GPU passes do. For each precision:
 

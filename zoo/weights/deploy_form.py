@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeployFormError", "is_inference_params", "load_deploy_form", "map_program_tensors"]
 
 # (op type, input slot) -> the state-dict role of the tensor fed there (old-IR names; the PIR loader
-# of zoo.deploy.program maps its ops onto them).
+# of zoo.weights.program maps its ops onto them).
 _ROLES = {("conv2d", "Filter"): "weight", ("depthwise_conv2d", "Filter"): "weight",
           ("conv2d_transpose", "Filter"): "weight", ("depthwise_conv2d_transpose", "Filter"): "weight",
           ("matmul_v2", "Y"): "weight", ("batch_norm", "Scale"): "weight", ("batch_norm", "Bias"): "bias",
@@ -162,12 +162,12 @@ def load_deploy_form(model: paddle.nn.Layer, params_file) -> dict:
     """Switch ``model`` to its deploy form (``model.rep()``, when it has one) and load the tensors of the
     inference model whose parameters are ``params_file``; returns a load report as
     :func:`zoo.weights.loading.compare_state_dict` does (``missing``: keys the program does not hold)."""
-    from zoo.deploy.program import DeployError, load_program
+    from zoo.weights.program import ProgramError, load_program
 
     params_file = Path(params_file)
     try:
         program = load_program(params_file)
-    except DeployError as err:
+    except ProgramError as err:
         raise DeployFormError(str(err)) from None
     if hasattr(model, "rep"):
         model.rep()
