@@ -236,7 +236,7 @@ def children(client, parent: dict) -> list:
 
 
 @pytest.mark.slow
-def test_a_sweep_is_a_parent_run_with_its_jobs_as_children(tmp_path, store, ampzoo_home):
+def test_a_sweep_is_a_parent_run_with_its_jobs_and_the_report_goes_to_it(tmp_path, store, ampzoo_home):
     sweep = tmp_path / "sweep"
     env = {"AMPZOO_HOME": str(ampzoo_home)}
     out = run_tool([str(ROOT / "tools" / "train.py"), "-m", *TINY, "amp=fp32,O1", *loggers(store, "[mlflow]"),
@@ -251,6 +251,13 @@ def test_a_sweep_is_a_parent_run_with_its_jobs_as_children(tmp_path, store, ampz
     assert sorted(k.data.tags["effective_precision"] for k in kids) == ["emulated-fp16-O1", "fp32"]
     assert all(k.info.status == "FINISHED" and [s for s, _ in history(client, k.info.run_id, "train/loss")]
                == [1, 2, 3, 4] for k in kids)
+    report = run_tool([str(ROOT / "tools" / "report.py"), str(sweep)], tmp_path, env)
+    assert report.returncode in (0, 1), report.stderr[-3000:]
+    logged = client.get_run(parents[0]["run_id"])
+    verdict = json.loads((sweep / "report" / "report.json").read_text())["all_equivalent"]
+    assert logged.data.tags["report.verdict"] == ("all equivalent" if verdict else "not all equivalent")
+    files = {Path(a.path).name for a in client.list_artifacts(parents[0]["run_id"], "report")}
+    assert {"report.md", "report.json", "index.html"} <= files and any(f.endswith(".png") for f in files)
 
 
 @pytest.mark.slow
