@@ -5,7 +5,8 @@ that fails mid-run costs nothing of the run; a resume continues the same runs, n
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_a_run_reads_back_through_mlflow_and_tensorboard(tiny_cfg, tmp_path, sto
     run = client.get_run(mlflow_ids(out)["run_id"])
     rid = run.info.run_id
     assert run.info.status == "FINISHED" and run.info.run_name == "resnet_tiny_synthetic_shapes_O1_seed0"
-    assert client.get_experiment(run.info.experiment_id).name == "resnet_tiny/synthetic_shapes"
+    assert client.get_experiment(run.info.experiment_id).name == "resnet_tiny_synthetic_shapes"
     # params: the composed config, flattened (the logger's own settings left out)
     params = run.data.params
     assert params["trainer.max_steps"] == "4" and params["amp.name"] == "O1" and params["model.name"] == "resnet_tiny"
@@ -129,7 +130,7 @@ def test_drawings_become_tensorboard_images(tmp_path):
 
     backend = TensorBoardBackend()
     backend.check()
-    backend.start(RunInfo(out_dir=tmp_path, run_name="r", experiment="m/d"), {}, {"effective_precision": "fp32"})
+    backend.start(RunInfo(out_dir=tmp_path, run_name="r", experiment="m_d"), {}, {"effective_precision": "fp32"})
     backend.log_metrics(7, {"train/loss": 1.5})
     Image.new("RGB", (32, 24), (200, 30, 30)).save(tmp_path / "step7_fp32_0.png")
     backend.log_artifact(tmp_path / "step7_fp32_0.png", "drawings")
@@ -235,13 +236,24 @@ def children(client, parent: dict) -> list:
     return client.search_runs([parent["experiment_id"]], f"tags.`mlflow.parentRunId` = '{parent['run_id']}'")
 
 
-@pytest.mark.slow
-def test_a_sweep_is_a_parent_run_with_its_jobs_and_the_report_goes_to_it(tmp_path, store, ampzoo_home):
-    sweep = tmp_path / "sweep"
+@pytest.fixture(scope="module")
+def tracked_sweep(tmp_path_factory, store, ampzoo_home):
+    """A 2-job Hydra sweep (fp32, O1) tracked in MLflow, and tools/report.py run on it."""
+    root = tmp_path_factory.mktemp("tracked_sweep")
+    sweep = root / "sweep"
     env = {"AMPZOO_HOME": str(ampzoo_home)}
     out = run_tool([str(ROOT / "tools" / "train.py"), "-m", *TINY, "amp=fp32,O1", *loggers(store, "[mlflow]"),
-                    f"hydra.sweep.dir={sweep}"], tmp_path, env)
+                    f"hydra.sweep.dir={sweep}"], root, env)
     assert out.returncode == 0, out.stderr[-3000:]
+    report = run_tool([str(ROOT / "tools" / "report.py"), str(sweep)], root, env)
+    assert report.returncode in (0, 1), report.stderr[-3000:]
+    assert "report logged to the sweep's MLflow run" in report.stderr
+    return sweep
+
+
+@pytest.mark.slow
+def test_a_sweep_is_a_parent_run_with_its_jobs_and_the_report_goes_to_it(tracked_sweep, store):
+    sweep = tracked_sweep
     parents = json.loads((sweep / "mlflow_parent.json").read_text())["runs"]
     assert len(parents) == 1
     client = MlflowClient(store)
@@ -251,13 +263,72 @@ def test_a_sweep_is_a_parent_run_with_its_jobs_and_the_report_goes_to_it(tmp_pat
     assert sorted(k.data.tags["effective_precision"] for k in kids) == ["emulated-fp16-O1", "fp32"]
     assert all(k.info.status == "FINISHED" and [s for s, _ in history(client, k.info.run_id, "train/loss")]
                == [1, 2, 3, 4] for k in kids)
-    report = run_tool([str(ROOT / "tools" / "report.py"), str(sweep)], tmp_path, env)
-    assert report.returncode in (0, 1), report.stderr[-3000:]
-    logged = client.get_run(parents[0]["run_id"])
-    verdict = json.loads((sweep / "report" / "report.json").read_text())["all_equivalent"]
-    assert logged.data.tags["report.verdict"] == ("all equivalent" if verdict else "not all equivalent")
+    # the report's verdict, differences and files on the parent run
+    report = json.loads((sweep / "report" / "report.json").read_text())
+    assert parent.data.tags["report.verdict"] == ("all equivalent" if report["all_equivalent"] else "not all equivalent")
+    side = report["groups"][0]["amp"][0]
+    (diff,) = [v for k, v in parent.data.metrics.items() if k.startswith("report/") and k.endswith("/diff")]
+    assert diff == pytest.approx(side["diff"])
     files = {Path(a.path).name for a in client.list_artifacts(parents[0]["run_id"], "report")}
     assert {"report.md", "report.json", "index.html"} <= files and any(f.endswith(".png") for f in files)
+
+
+def chromium() -> str:
+    from browser import find_chromium
+
+    found = find_chromium()
+    if found is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run installs it where it can)")
+    return found
+
+
+# the curve of the run page's train/loss chart: plotly's path in the chart's card
+LOSS_CURVE = """(() => { let card = document.querySelector('h4[title="train/loss"]');
+  while (card && !card.querySelector('path.js-line')) card = card.parentElement;
+  return card ? card.querySelector('path.js-line').getAttribute('d') : null; })()"""
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_and_the_report_page_show_the_sweep_in_a_browser(tracked_sweep, store, tmp_path):
+    from browser import Browser
+
+    browser = Browser(chromium(), tmp_path / "profile")
+    ui = None
+    try:
+        # the zoo's own report page: its table, and every plot decoded by the browser
+        assert browser.open((tracked_sweep / "report" / "index.html").as_uri(), "document.readyState === 'complete'")
+        assert browser.evaluate("document.querySelectorAll('table tr').length") >= 2
+        assert "verdict" in browser.evaluate("document.querySelector('table').innerText")
+        widths = browser.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
+        assert widths and min(widths) > 100, widths
+        # `mlflow ui` on the store: a child run's page draws its loss curve, one point per logged step
+        client = MlflowClient(store)
+        parent = json.loads((tracked_sweep / "mlflow_parent.json").read_text())["runs"][0]
+        kid = children(client, parent)[0]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store, "--host",
+                               "127.0.0.1", "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
+                break
+            except OSError:
+                assert time.time() < deadline and ui.poll() is None, "mlflow ui did not start"
+                time.sleep(1)
+        url = f"http://127.0.0.1:{port}/#/experiments/{parent['experiment_id']}/runs/{kid.info.run_id}/model-metrics"
+        assert browser.open(url, f"{LOSS_CURVE} !== null"), "the run's page shows no train/loss chart"
+        assert kid.info.run_name in browser.evaluate("document.body.innerText")
+        curve = browser.evaluate(LOSS_CURVE)
+        assert curve.count("L") + 1 == 4, curve  # M x,y L x,y ...: the 4 logged steps
+    finally:
+        browser.close()
+        if ui is not None:
+            os.killpg(ui.pid, signal.SIGTERM)
+            ui.wait(timeout=60)
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ class RunInfo:
 
     out_dir: Path                  # the run folder (metrics.jsonl, summary.json, ...)
     run_name: str                  # configs/train.yaml run_name
-    experiment: str                # model/data
+    experiment: str                # <model>_<data>
     resume_dir: Path | None = None  # the folder of the checkpoint this run resumes, if it resumes
     previous: dict = field(default_factory=dict)  # that folder's tracking.json entry of this backend
     sweep_dir: Path | None = None  # the sweep folder when the run is a job of one (Hydra -m, tools/sweep.py)

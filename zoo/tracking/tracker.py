@@ -100,7 +100,7 @@ class Tracker:
         self.out_dir = Path(out_dir)
         sweep = context.get("sweep_dir")
         info = RunInfo(out_dir=self.out_dir, run_name=str(config.get("run_name") or self.out_dir.name),
-                       experiment=f"{config['model']['name']}/{config['data']['name']}",
+                       experiment=f"{config['model']['name']}_{config['data']['name']}",
                        resume_dir=Path(resume_dir) if resume_dir else None,
                        sweep_dir=Path(sweep) if sweep else None)
         # the logger settings may hold a server's address or a token: not a param
