@@ -331,6 +331,22 @@ def test_the_mlflow_ui_and_the_report_page_show_the_sweep_in_a_browser(tracked_s
             ui.wait(timeout=60)
 
 
+def test_a_completed_sweep_may_be_continued_with_a_logger(tmp_path):
+    """tools/sweep.py skips a completed job only if it ran the same overrides; a logger is not one."""
+    import io
+
+    from zoo.engine.sweep import run_sweep
+
+    job = tmp_path / "sweep" / "seed=0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- model=resnet_tiny\n- seed=0\n- trainer.progress=false\n")
+    (job / "summary.json").write_text(json.dumps({"status": "completed"}))
+    said = io.StringIO()
+    assert run_sweep(ROOT / "tools" / "train.py", ["model=resnet_tiny", "seed=0,1", "logger=[mlflow]"],
+                     tmp_path / "sweep", dry_run=True, out=said) == 0
+    assert "seed=0: already completed" in said.getvalue()
+
+
 @pytest.mark.slow
 def test_jobs_of_tools_sweep_side_by_side_share_one_parent(tmp_path, store, ampzoo_home):
     sweep = tmp_path / "sweep"

@@ -133,8 +133,9 @@ def _check_same_job(folder: Path, expected: list[str]) -> None:
         recorded = yaml.safe_load(recorded_file.read_text()) or []
     except (OSError, yaml.YAMLError):
         return  # not a Hydra run folder (copied summaries): the report's config check still applies
-    def own(o):
-        return str(o).split("=", 1)[0].lstrip("+~") in _OWN_KEYS
+    def own(o):  # the sweep's own keys, and where a job is tracked (logger=...), which is not what it trains
+        key = str(o).split("=", 1)[0].lstrip("+~")
+        return key in _OWN_KEYS or key.split(".")[0] == "logger"
 
     recorded = {str(o) for o in recorded if not own(o)}
     wanted = {o for o in expected if not own(o)}
