@@ -122,6 +122,16 @@ def test_a_run_reads_back_through_mlflow_and_tensorboard(tiny_cfg, tmp_path, sto
     assert "| effective_precision | emulated-fp16-O1 |" in text
 
 
+def test_wandb_offline_run_in_the_run_folder(tiny_cfg, tmp_path):
+    pytest.importorskip("wandb", reason="W&B is optional (pip install -e '.[wandb]')")
+    out = tmp_path / "run"
+    train(tiny_cfg, out, "logger=[wandb]", "logger.wandb.mode=offline")
+    run_id = json.loads((out / "tracking.json").read_text())["wandb"]["id"]
+    (folder,) = (out / "wandb").glob(f"offline-run-*-{run_id}")
+    assert (folder / f"run-{run_id}.wandb").stat().st_size > 0
+    assert not (folder / "files" / "summary.json").exists()  # the run's files go in an artifact, not W&B's files
+
+
 def test_drawings_become_tensorboard_images(tmp_path):
     from PIL import Image
 

@@ -17,6 +17,7 @@ class WandbBackend(Backend):
         self.project, self.entity, self.mode = project, entity, str(mode)
         self.group, self.tags = group, [str(t) for t in (tags or [])]
         self.run = None
+        self.files: list[Path] = []  # the run's files, one W&B artifact at the end
         self.held = -1       # the last step a resumed W&B run already holds
         self.last_step = -1
 
@@ -55,8 +56,15 @@ class WandbBackend(Backend):
 
         if folder == "drawings" and Path(path).suffix.lower() == ".png":
             self.run.log({f"drawings/{Path(path).stem}": wandb.Image(str(path))}, step=max(self.last_step, 0))
-        else:
-            self.run.save(str(path), base_path=str(Path(path).parent), policy="now")
+        else:  # not run.save: W&B keeps its own config.yaml among a run's files
+            self.files.append(Path(path))
 
     def finish(self, status: str) -> None:
+        import wandb
+
+        if self.files:
+            files = wandb.Artifact(f"run-{self.run.id}-files", type="run-files")
+            for path in self.files:
+                files.add_file(str(path), name=path.name)
+            self.run.log_artifact(files)
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
