@@ -77,6 +77,24 @@ def test_no_logger_by_default_and_several_at_once():
     assert config_digest(compose(TINY + ["logger=[mlflow,wandb]"])) == config_digest(compose(TINY))
 
 
+def test_the_recipe_and_the_sweep_come_from_hydras_runtime_config():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from conftest import CONFIG_DIR
+    from zoo.tracking.context import SWEEP_ENV, hydra_context
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        runtime = hydra_compose("train", ["model=resnet50", "amp=O1"], return_hydra_config=True).hydra
+    context = hydra_context(runtime, environ={})
+    assert context["sweep_dir"] is None  # a single run
+    tags = context["tags"]
+    assert tags["recipe"] == "resnet/O1" and tags["model_recipe"] == "none"
+    assert tags["recipe.amp.init_loss_scaling"] == 128.0 and tags["recipe.model.batch_size"] == 256
+    # a job of tools/sweep.py: a single Hydra run, told its sweep by the runner
+    assert hydra_context(runtime, environ={SWEEP_ENV: "/data/sweeps/a"})["sweep_dir"] == "/data/sweeps/a"
+
+
 def test_only_rank_0_tracks(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # even a logger that could not start is not checked
     assert not Tracker.from_config({"mlflow": {}}, enabled=False)
