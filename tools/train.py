@@ -24,10 +24,12 @@ def main(cfg: DictConfig) -> float:
     from zoo.engine.run import train
 
     from zoo.diagnostics.nonfinite_step import locate_and_describe
+    from zoo.tracking.context import hydra_context
 
     summary = _entry.run_or_exit(
         lambda c, out: train(c, out, predict_memory=_predict_memory, locate_nonfinite=locate_and_describe,
-                             command_line=list(HydraConfig.get().overrides.task)),
+                             command_line=list(HydraConfig.get().overrides.task),
+                             tracking_context=hydra_context(HydraConfig.get())),
         cfg, HydraConfig.get().runtime.output_dir)
     return summary["primary_metric"]["value"]
 

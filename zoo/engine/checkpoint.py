@@ -65,6 +65,15 @@ SAFE_PREFIXES_ON_RESUME = ("published.",)
 ADDED_KEYS = {"trainer.drop_last": True}
 
 
+def checkpoint_config(cfg) -> str:
+    """The resolved config a checkpoint keeps (and a resume compares) without ``logger``: where a run
+    is tracked is not what it trains, so a resume may add, drop or repoint a logger."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.create({k: v for k, v in plain.items() if k != "logger"}))
+
+
 def _safe(key: str) -> bool:
     return key in SAFE_TO_CHANGE_ON_RESUME or key.startswith(SAFE_PREFIXES_ON_RESUME)
 

@@ -30,7 +30,9 @@ CONFIG_DIGEST_EXCLUDES = ("amp", "seed", "run_name", "model.batch_size", "optim.
                           "optim.optimizer.multi_precision", "trainer.resume", "trainer.progress",
                           "trainer.num_workers", "trainer.draw_samples", "trainer.predict_memory",
                           # DB's recipes set fp32 (issue 39); an fp32 run's "both" evaluates in FP32 too
-                          "trainer.eval_precision")
+                          "trainer.eval_precision",
+                          # where a run is tracked (logger=mlflow, ...) is not what it trains
+                          "logger")
 
 
 def library_versions() -> dict[str, str]:

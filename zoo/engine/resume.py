@@ -211,7 +211,8 @@ def plan(cfg: DictConfig, out_dir: Path, command_line=None) -> ResumePlan | None
     that cannot be read or whose settings differ."""
     out_dir = Path(out_dir)
     allow = bool(cfg.trainer.get("resume_allow_changes", False))
-    path = find_resume(cfg.trainer.get("resume"), out_dir, OmegaConf.to_yaml(cfg, resolve=True), allow)
+    new_yaml = ckpt.checkpoint_config(cfg)  # as the trainer saves it: without ``logger``
+    path = find_resume(cfg.trainer.get("resume"), out_dir, new_yaml, allow)
     own = last_checkpoint(out_dir)
     if path is None and own.is_file():
         raise ResumeError(
@@ -221,7 +222,7 @@ def plan(cfg: DictConfig, out_dir: Path, command_line=None) -> ResumePlan | None
         return None
     state = ckpt.load(path)
     settle_run_length(cfg, state.get("config"), command_line)
-    changes = ckpt.check_resume_config(state.get("config"), OmegaConf.to_yaml(cfg, resolve=True), path, allow)
+    changes = ckpt.check_resume_config(state.get("config"), ckpt.checkpoint_config(cfg), path, allow)
     folder = path.parent.parent if path.parent.name == CKPT_DIR else None
     continues = None
     if folder is not None and folder.resolve() != out_dir.resolve() and read_summary(folder) is None:

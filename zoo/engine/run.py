@@ -28,6 +28,7 @@ from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.nonfinite import describe as describe_nonfinite
 from zoo.amp.numerics_guard import SETTINGS as GUARD_SETTINGS
 from zoo.amp.numerics_guard import NumericsGuardStop
+from zoo.engine import checkpoint as ckpt
 from zoo.engine import final_eval, provenance, resume
 from zoo.engine import summary as run_summary
 from zoo.engine.compiled import check_compile
@@ -40,6 +41,7 @@ from zoo.engine.summary import RunFacts
 from zoo.engine.task_rules import task_settings
 from zoo.engine.trainer import SETTINGS as TRAINER_SETTINGS
 from zoo.engine.trainer import Trainer, TrainerSettings
+from zoo.tracking import Tracker
 from zoo.utils import distributed as dist
 from zoo.utils.checks import (
     ABSENT,
@@ -262,12 +264,31 @@ def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Tr
     model = dist.wrap(model)
     trainer = Trainer(model, task, amp, optimizer, sched, train_set, val_set, cfg.model.batch_size,
                       cfg.model.eval_batch_size, cfg.seed, settings, out_dir, ema=ema,
-                      config_yaml=OmegaConf.to_yaml(cfg, resolve=True), guard=amp.guard, resume=resume_plan)
+                      config_yaml=ckpt.checkpoint_config(cfg), guard=amp.guard, resume=resume_plan)
     facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
                      data_version=provenance.dataset_version(train_set),
                      pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report,
                      warmup_clipped=getattr(sched, "warmup_clipped", None))
     return trainer, facts
+
+
+def start_tracking(tracker: Tracker | None, cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: Path,
+                   context: dict | None) -> None:
+    """Open the loggers' runs (continuing the resumed folder's) and feed them every metrics line."""
+    if not tracker:
+        return
+    source = trainer.resume.path if trainer.resume is not None else None  # what the trainer resumes, if anything
+    amp = facts.amp
+    tracker.start(OmegaConf.to_container(cfg, resolve=True), out_dir,
+                  {"requested_precision": amp.requested, "effective_precision": amp.effective,
+                   "precision_reason": amp.reason, "device": facts.device.name, "world_size": dist.world_size(),
+                   "git_revision": git_revision(), "paddle_version": paddle.__version__},
+                  resume_dir=source.parent.parent if source is not None else None, context=context)
+    trainer.metrics.follow(tracker)
+
+
+def _warn(message: str) -> None:
+    announce(message, sys.stderr, logging.WARNING)
 
 
 def copy_launch_logs(out_dir: Path) -> None:
@@ -291,7 +312,8 @@ MemoryPredictor = Callable[[DictConfig, str, int], dict]
 
 
 def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
-          predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None) -> dict:
+          predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None,
+          tracking_context: dict | None = None) -> dict:
     """Train as configured; write config.yaml, metrics.jsonl, checkpoints/ and summary.json.
 
     The run folder is locked for the run's duration (:mod:`zoo.engine.runlock`); the closing
@@ -302,11 +324,16 @@ def train(cfg: DictConfig, out_dir: str | Path, announce_folder: bool = True,
     passes :func:`zoo.diagnostics.nonfinite_step.locate_and_describe`) names the first non-finite op
     when the numerics guard stops the run. ``command_line`` (tools/train.py passes Hydra's overrides
     as typed) tells a resume which run length the user asked for (:mod:`zoo.engine.resume`); None
-    takes ``cfg``'s as asked for.
+    takes ``cfg``'s as asked for. ``logger=...`` (cfg.logger) tracks the run in MLflow,
+    TensorBoard or W&B (:mod:`zoo.tracking`; ``tracking_context``: the sweep and recipe, from
+    tools/train.py): a logger that cannot start fails here, before anything is built.
     """
     out_dir = Path(out_dir)
-    with RunLock(out_dir, enabled=dist.is_main()):
-        return _train(cfg, out_dir, announce_folder, predict_memory, locate_nonfinite, command_line)
+    loggers = OmegaConf.to_container(cfg.logger, resolve=True) if cfg.get("logger") else None
+    tracker = Tracker.from_config(loggers, enabled=dist.is_main(), warn=_warn)
+    with RunLock(out_dir, enabled=dist.is_main()), tracker.running():
+        return _train(cfg, out_dir, announce_folder, predict_memory, locate_nonfinite, command_line, tracker,
+                      tracking_context)
 
 
 def _memory_prediction(cfg: DictConfig, facts: RunFacts, predict_memory: MemoryPredictor | None) -> dict:
@@ -358,15 +385,18 @@ def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: 
 
 
 def _train(cfg: DictConfig, out_dir: Path, announce_folder: bool,
-           predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None) -> dict:
+           predict_memory: MemoryPredictor | None = None, locate_nonfinite=None, command_line=None,
+           tracker: Tracker | None = None, tracking_context: dict | None = None) -> dict:
     t0 = time.time()
     git_revision()  # fixed now, before training: the revision of the code this process runs
     trainer, facts = build_trainer(cfg, out_dir, command_line)
     trainer.locate_nonfinite = locate_nonfinite
     amp = facts.amp
+    # before the run writes a file: a logger that cannot open its run leaves no run folder behind
+    start_tracking(tracker, cfg, trainer, facts, out_dir, tracking_context)
     if dist.is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(trainer.config_yaml))
+        atomic_write(out_dir / "config.yaml", lambda tmp: tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True)))
         facts.data_report = record_data_report(facts.data_report, out_dir)
         announce(amp.describe(facts.device))
     primary = trainer.task.primary_metric

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoo.tracking.context import SWEEP_ENV
 from zoo.utils.runfolder import last_checkpoint
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # job folder names: a value's other characters become "_"
@@ -132,8 +133,9 @@ def _check_same_job(folder: Path, expected: list[str]) -> None:
         recorded = yaml.safe_load(recorded_file.read_text()) or []
     except (OSError, yaml.YAMLError):
         return  # not a Hydra run folder (copied summaries): the report's config check still applies
-    def own(o):
-        return str(o).split("=", 1)[0].lstrip("+~") in _OWN_KEYS
+    def own(o):  # the sweep's own keys, and where a job is tracked (logger=...), which is not what it trains
+        key = str(o).split("=", 1)[0].lstrip("+~")
+        return key in _OWN_KEYS or key.split(".")[0] == "logger"
 
     recorded = {str(o) for o in recorded if not own(o)}
     wanted = {o for o in expected if not own(o)}
@@ -212,7 +214,8 @@ def run_sweep(train: Path, overrides: list[str], sweep_dir: Path, jobs_at_once: 
             say(f"[{i}/{len(jobs)}] would run ({state}): {' '.join(_command(train, fixed, job, sweep_dir, state)[1:])}")
         return 0
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    # the jobs' loggers find the sweep by SWEEP_ENV: each job is a single Hydra run in its own folder
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **{SWEEP_ENV: str(sweep_dir)})
     running: dict = {}
     failed: list = []
     start_all = time.time()
