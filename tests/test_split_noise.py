@@ -129,3 +129,22 @@ def test_a_run_without_its_config_is_named(tiny_sweep, tmp_path):
     res = run_tool(["tools/split_noise.py", str(sweep)], cwd=ROOT, timeout=300)
     assert res.returncode == 2
     assert f"error: {victim / 'config.yaml'}: no config.yaml, so the run cannot be evaluated again" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_run_scored_in_fp32_is_evaluated_again_in_fp32(tmp_path):
+    # trainer.eval_precision=fp32 (DB's recipes): the O1 run's primary metric is its weights' FP32
+    # evaluation; split_noise evaluates them in FP32 again (evaluate_run refuses a value that differs)
+    run_dir = tmp_path / "o1"
+    res = run_tool(["tools/train.py", *TINY, "amp=O1", "seed=0", "trainer.eval_precision=fp32",
+                    f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    from zoo.report.runs import load_runs
+    from zoo.report.split_noise import evaluate_run
+
+    (run,) = load_runs([run_dir])
+    assert run.precision == "emulated-fp16-O1" and run.summary["primary_metric"]["evaluated_in"] == "fp32"
+    task = evaluate_run(run)
+    hits = np.concatenate(task._hits).astype(float)
+    assert hits.mean() == pytest.approx(run.summary["primary_metric"]["value"], abs=1e-12)
+    assert run.summary["primary_metric"]["value"] == run.summary["metrics_fp32_eval"]["top1"]

@@ -58,7 +58,8 @@ def with_image_noise(diffs, image_se: float, delta: float, alpha: float = 0.05) 
 
 
 def evaluate_run(run: Run):
-    """Evaluate ``run``'s final weights as training did; return the task holding the per-image
+    """Evaluate ``run``'s final weights as its primary metric was (in the run's precision, or in FP32
+    where the run's ``trainer.eval_precision`` said so); return the task holding the per-image
     outcomes. Refuses a run whose evaluation does not reproduce its recorded primary metric."""
     from omegaconf import OmegaConf
 
@@ -71,9 +72,13 @@ def evaluate_run(run: Run):
     cfg.checkpoint, cfg.output = str(run.path), None
     cfg.trainer.progress, cfg.trainer.draw_samples = False, 0
     evaluated_in = run.summary["primary_metric"].get("evaluated_in")
-    if evaluated_in not in (None, run.precision):
+    if evaluated_in == "fp32" and run.precision != "fp32":
+        # trainer.eval_precision=fp32 (DB's recipes): the final weights were scored in a plain FP32 copy
+        # of the model (zoo/engine/final_eval.py), so they are evaluated again without AMP
+        cfg.amp.enabled, cfg.amp.level, cfg.amp.name = False, "O0", "fp32"
+    elif evaluated_in not in (None, run.precision):
         raise ReportInputError(f"{run.path / 'summary.json'}: primary_metric was evaluated in "
-                               f"{evaluated_in}, not the run's {run.precision}; not supported here")
+                               f"{evaluated_in}, not the run's {run.precision} nor fp32; not supported here")
     metrics, task, *_ = evaluate_weights(cfg)
     got = float(metrics[task.primary_metric])
     if not hasattr(task, "resampled_primary"):
