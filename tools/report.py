@@ -10,6 +10,10 @@ and index.html to --out (default <first input>/report). Runs of different git re
 versions, data sets or configs are refused unless --allow-mixed.
 Exit status: 0 every AMP group equivalent, 1 some not (or none left to judge), 2 usage/input error.
 
+``--runs-table`` instead writes one row per run, with no comparison (zoo/report/runs_table.py): its
+precision, any non-finite evaluation outputs, its metrics, wall time and revision; with
+``--model-cards`` it rewrites that section (the quick-run tables). Exit status 0, 2 on input error.
+
 ``--against-published`` instead compares each run with the upstream figure its config's ``published``
 block states (zoo/report/published.py): measured vs published, the difference and whether it is within
 the stated tolerance. Exit status 0 all within, 1 some outside, 2 input error.
@@ -44,6 +48,8 @@ def main(argv=None) -> int:
                              "in the report's notes; without it they stop the report")
     parser.add_argument("--against-published", action="store_true",
                         help="compare each run with the published figure of its config (no parity report)")
+    parser.add_argument("--runs-table", action="store_true",
+                        help="one row per run (precision, non-finite outputs, metrics, time, revision), no comparison")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
     if args.against_published:
         from zoo.report.published import PublishedInputError, against_published
@@ -59,6 +65,17 @@ def main(argv=None) -> int:
 
     if bool(args.model_cards) != bool(args.section):
         parser.error("--model-cards and --section go together")
+    if args.runs_table:
+        from zoo.report.runs_table import runs_table
+        try:
+            md, revisions = runs_table(args.inputs)
+            if args.model_cards:
+                command = "python tools/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
+                update_section(args.model_cards, args.section, md, command, revisions=revisions)
+        except (ReportInputError, OSError) as err:
+            return _entry.report_error(err)
+        print(md, end="", flush=True)
+        return 0
     try:
         code, md = make_report(args.inputs, MARGINS, args.out, args.delta, args.alpha, args.allow_mixed,
                                args.finished_only)
