@@ -140,8 +140,10 @@ def test_every_experiment_composes_and_instantiates(experiment, imagenet_root, i
     if experiment.startswith("parity_"):  # the embedded synthetic sets, kept small here
         args = ["data.builder.num_train=4", "data.builder.num_val=2"]
     else:
-        root = {"db": icdar_root, "ppyoloe": coco_root}.get(experiment.split("_")[0], imagenet_root)
+        root = {"db": icdar_root, "ppocrv5": icdar_root, "ppyoloe": coco_root}.get(experiment.split("_")[0], imagenet_root)
         args = [f"data.root={root}", *(["data.num_classes=2"] if experiment.startswith("ppyoloe") else [])]
+        if experiment.startswith("ppocrv5"):  # PaddleX's train.txt / val.txt, here the ICDAR names
+            args += ["data.builder.train_label=train_icdar2015_label.txt", "data.builder.val_label=test_icdar2015_label.txt"]
     cfg = compose([f"experiment={experiment}", *args])
     OmegaConf.resolve(cfg)
     instantiate(cfg.amp)
