@@ -225,14 +225,21 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
 def sync_batch_norm(cfg: DictConfig, model, device):
     """``trainer.sync_bn``: BatchNorm -> SyncBatchNorm under a launch of several ranks where Paddle
     has the kernel (:func:`zoo.utils.distributed.convert_sync_bn`); summary.json's ``sync_bn``.
-    Asked for but not done on several ranks (Paddle's CPU build has no kernel) is said once, on
-    rank 0, with the reason: the run normalises per rank and never claims otherwise."""
+    Asked for but not done on several ranks (Paddle's CPU build has no kernel) is a warning, once, on
+    rank 0, with the reason: the run normalises per rank and never claims otherwise. One process
+    (the same statistics as SyncBN) and a conversion done are one plain line."""
     try:
         model, info = dist.convert_sync_bn(model, cfg.trainer.get("sync_bn", False), device.kind)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if info["requested"] and not info["effective"] and dist.world_size() > 1 and dist.is_main():
-        _warn(f"warning: trainer.sync_bn=true not in effect: {info['reason']} (summary.json sync_bn)")
+    if info["requested"] and not info["effective"] and dist.is_main():
+        if dist.world_size() > 1:  # several ranks normalising apart where SyncBN was asked for
+            _warn(f"warning: trainer.sync_bn=true not in effect: {info['reason']} (summary.json sync_bn)")
+        else:
+            announce(f"trainer.sync_bn: {info['reason']} (summary.json sync_bn)")
+    elif info["effective"] and dist.is_main():
+        announce(f"trainer.sync_bn: {info['converted_layers']} BatchNorm layers -> SyncBatchNorm over "
+                 f"{dist.world_size()} ranks")
     return model, info
 
 
