@@ -9,7 +9,9 @@ import pytest
 
 from zoo.data import build_loader
 from zoo.data.coco.dataset import COCODetData, load_coco_instances
-from zoo.data.coco.transforms import MEAN, STD, BoxTrainTransform, flip_boxes, random_distort
+from zoo.data.coco.dataset import COCODetDataset
+from zoo.data.coco.transforms import INTERPOLATIONS, MEAN, STD, BoxTrainTransform, flip_boxes, random_distort
+from zoo.data.transforms import normalize_chw
 from zoo.data.synthetic.shapes_det import SyntheticShapesDetData, render_detection_image
 
 
@@ -106,8 +108,10 @@ def test_empty_image_policy_both_ways_and_eval_keeps_empty(tmp_path):
     assert sorted(data.coco("val").getImgIds()) == [1, 2]
     allow = COCODetData(tmp_path, train_ann="annotations/ann.json", train_images="img", image_size=32,
                         allow_empty=True)
-    item = allow.build("train", 0)[1]  # the empty image trains as a negative
-    assert item["pad_gt_mask"].sum() == 0 and item["image"].shape == (3, 32, 32)
+    train = allow.build("train", 0)
+    item = train[1]  # the empty image trains as a negative (multi-scale: resized in the batch)
+    size = train.batch_size_choice(1)[0]
+    assert item["pad_gt_mask"].sum() == 0 and train.collate_fn([item])["image"].shape == (1, 3, size, size)
 
 
 def _rect_image(h=150, w=200, box=(40, 30, 120, 90)):
@@ -182,7 +186,10 @@ def test_collate_multiscale_one_size_per_batch_and_scaled_boxes(shapes_data):
         batch = ds.collate_fn(items)
         size = batch["image"].shape[-1]
         assert batch["image"].shape == (3, 3, size, size) and size in (64, 96, 128)
-        np.testing.assert_allclose(batch["gt_bbox"], np.stack([i["gt_bbox"] for i in items]) * size / 96, atol=1e-4)
+        # each item is its crop at its own size; its boxes scale by its own ratios (clipped to the image)
+        want = [np.clip(i["gt_bbox"] * np.array([size / i["image"].shape[1], size / i["image"].shape[0]] * 2),
+                        0, size) for i in items]
+        np.testing.assert_allclose(batch["gt_bbox"], np.stack(want), atol=1e-3)
         np.testing.assert_array_equal(batch["gt_class"], np.stack([i["gt_class"] for i in items]))
         assert ds.collate_fn(items)["image"].shape == batch["image"].shape  # deterministic
         sizes.add(size)
@@ -237,3 +244,91 @@ def test_synthetic_boxes_are_tight_around_drawn_pixels():
             np.testing.assert_array_equal(boxes[0], [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
             assert areas[0] <= (boxes[0, 2] - boxes[0, 0]) * (boxes[0, 3] - boxes[0, 1])
     assert singles >= 3
+
+
+# --- multi-scale resamples once, from the crop (issue 37.5) ----------------------------------------------
+# PaddleDetection's ppyoloe_reader.yml TrainReader: sample_transforms Decode, RandomDistort, RandomExpand,
+# RandomCrop, RandomFlip (no resize), then batch_transforms BatchRandomResize (keep_ratio False,
+# random_interp): each crop is resized once, to the batch's size.
+
+
+def _rect_dataset(tmp_path, box=(40, 30, 120, 90), h=150, w=200, multiscale=(64, 96, 128, 160), **tf):
+    """A train set of one known image (a white rectangle on black, its box) under ``multiscale``."""
+    img, boxes = _rect_image(h, w, box)
+    file = tmp_path / "rect.png"
+    cv2.imwrite(str(file), img)
+    record = {"file": str(file), "im_id": 1, "height": h, "width": w, "boxes": boxes,
+              "labels": np.array([0], np.int64)}
+    transform = BoxTrainTransform(size=96, **{"distort": 0.0, **tf})
+    return COCODetDataset([record], "train", 0, transform, max_boxes=4, multiscale=multiscale), img
+
+
+def test_multiscale_boxes_land_on_the_rectangle_of_a_known_image(tmp_path):
+    """No expand, crop or flip: the crop is the image itself, so the batch's box is the source box times
+    size / (w, h), computed here without the zoo, and the white pixels of the batch image lie there."""
+    ds, _ = _rect_dataset(tmp_path, expand=0.0, crop=0.0, flip=0.0)
+    seen = set()
+    for first in range(12):
+        batch = ds.collate_fn([ds[first], ds[first + 1]])
+        size, interp = ds.batch_size_choice(first)
+        seen.add((size, interp))
+        assert batch["image"].shape == (2, 3, size, size)
+        want = np.array([40 * size / 200, 30 * size / 150, 120 * size / 200, 90 * size / 150], np.float32)
+        for i in range(2):
+            np.testing.assert_allclose(batch["gt_bbox"][i, 0], want, rtol=1e-6)
+            np.testing.assert_allclose(batch["gt_bbox"][i, 0], _bright_bounds(batch["image"][i]), atol=1.0)
+            assert batch["pad_gt_mask"][i].ravel().tolist() == [1, 0, 0, 0]
+            np.testing.assert_array_equal(batch["gt_bbox"][i, 1:], 0)
+    assert len({s for s, _ in seen}) > 1 and len({i for _, i in seen}) > 1  # sizes and interpolations vary
+
+
+def test_multiscale_resizes_each_crop_exactly_once(tmp_path, monkeypatch):
+    """With expand, crop and flip on: loading an item resizes nothing; collating resizes each crop once,
+    and the batch image is exactly one cv2.resize of the crop to the batch's size with the batch's
+    interpolation, normalised; its boxes are the crop's boxes times that resize's ratios."""
+    ds, _ = _rect_dataset(tmp_path, expand=0.5, crop=1.0, flip=0.5)
+    calls = []
+    real = cv2.resize
+
+    def counting(src, dsize, *args, **kwargs):
+        calls.append((src.shape[:2], tuple(dsize)))
+        return real(src, dsize, *args, **kwargs)
+
+    monkeypatch.setattr(cv2, "resize", counting)
+    crops_seen = set()
+    for first in range(0, 16, 2):
+        items = [ds[first], ds[first + 1]]
+        assert calls == []  # the per-image ops do not resize
+        for it in items:
+            assert it["image"].dtype == np.uint8 and it["image"].ndim == 3  # the crop, HWC, own size
+            crops_seen.add(it["image"].shape[:2])
+        batch = ds.collate_fn(items)
+        size, interp = ds.batch_size_choice(first)
+        assert calls == [(it["image"].shape[:2], (size, size)) for it in items]
+        calls.clear()
+        for i, it in enumerate(items):
+            h, w = it["image"].shape[:2]
+            once = normalize_chw(real(it["image"], (size, size), interpolation=interp), MEAN, STD)
+            np.testing.assert_array_equal(batch["image"][i], once)
+            k = int(it["pad_gt_mask"].sum())
+            want = np.clip(it["gt_bbox"][:k] * np.array([size / w, size / h, size / w, size / h]), 0, size)
+            np.testing.assert_allclose(batch["gt_bbox"][i, :k], want, rtol=1e-6, atol=1e-4)
+            if k:  # the rectangle's white pixels are where the boxes say (crop, expand, flip and resize)
+                np.testing.assert_allclose(batch["gt_bbox"][i, 0], _bright_bounds(batch["image"][i]), atol=1.5)
+    assert len(crops_seen) > 2  # crops of several sizes went straight to the batch size
+
+
+def test_multiscale_interpolations_are_batch_random_resizes():
+    """BatchRandomResize's random_interp choices (ppdet/data/transform/batch_operators.py:129-135)."""
+    assert INTERPOLATIONS == (cv2.INTER_NEAREST, cv2.INTER_LINEAR, cv2.INTER_AREA, cv2.INTER_CUBIC,
+                              cv2.INTER_LANCZOS4)
+
+
+def test_without_multiscale_items_are_resized_once_to_image_size(tmp_path, monkeypatch):
+    ds, _ = _rect_dataset(tmp_path, multiscale=None, expand=0.5, crop=1.0, flip=0.5)
+    calls = []
+    real = cv2.resize
+    monkeypatch.setattr(cv2, "resize", lambda src, dsize, *a, **k: calls.append(tuple(dsize)) or real(src, dsize, *a, **k))
+    item = ds[3]
+    assert item["image"].shape == (3, 96, 96) and calls == [(96, 96)]
+    assert ds.collate_fn([item, ds[4]])["image"].shape == (2, 3, 96, 96) and len(calls) == 2

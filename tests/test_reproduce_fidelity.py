@@ -83,7 +83,40 @@ def lr(cfg, row: dict) -> float:
     return float(cfg.optim.lr) * (cfg.model.batch_size * row["cards"] / base if base else 1.0)
 
 
-DERIVED = {"iterations": iterations, "lr": lr}
+def train_resizes(cfg, row: dict) -> int:
+    """Resizes of each training image of a batch: the experiment's data builder (its own transform,
+    sizes and multi-scale list) on a one-image COCO folder made here, cv2.resize counted from loading
+    the items to the collated batch."""
+    import json
+    import tempfile
+    from unittest import mock
+
+    import cv2
+    import numpy as np
+    from hydra.utils import instantiate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "annotations").mkdir()
+        (root / "img").mkdir()
+        cv2.imwrite(str(root / "img" / "1.png"), np.full((120, 160, 3), 90, np.uint8))
+        coco = {"images": [{"id": 1, "file_name": "1.png", "width": 160, "height": 120}],
+                "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [20, 10, 60, 50], "iscrowd": 0}],
+                "categories": [{"id": 1, "name": "a"}]}
+        (root / "annotations" / "a.json").write_text(json.dumps(coco))
+        builder = OmegaConf.to_container(cfg.data.builder, resolve=False)
+        builder.update(root=str(root), train_ann="annotations/a.json", val_ann="annotations/a.json",
+                       train_images="img", val_images="img")
+        train = instantiate(builder).build("train", 0)
+        real = cv2.resize
+        with mock.patch.object(cv2, "resize", side_effect=real) as counted:
+            items = [train[k] for k in range(row.get("batch", 2))]
+            train.collate_fn(items)
+    assert counted.call_count % len(items) == 0, counted.call_args_list
+    return counted.call_count // len(items)
+
+
+DERIVED = {"iterations": iterations, "lr": lr, "train_resizes": train_resizes}
 
 
 def rows():

@@ -67,6 +67,10 @@ WRAPPED_OPS = tuple(sorted(VALUE_PRESERVING | {
     "scale", "clip", "pool2d", "bilinear_interp", "mean", "sum", "softmax", "log_softmax",
     "cross_entropy_with_softmax", "sigmoid_cross_entropy_with_logits", "softplus", "pad",
     "elementwise_pow", "mish", "elu"}))
+# The _C_ops function an op of WRAPPED_OPS is called through, where the name differs:
+# paddle.nn.SyncBatchNorm (trainer.sync_bn) calls the in-place ``sync_batch_norm_``; the AMP rule
+# knows the op as ``sync_batch_norm`` (on neither list: gray, judged on x alone, as batch_norm).
+C_OPS_FUNCTION = {"sync_batch_norm": "sync_batch_norm_"}
 _DUNDERS = {"__add__": "add", "__radd__": "add", "__sub__": "subtract", "__rsub__": "subtract",
             "__mul__": "multiply", "__rmul__": "multiply", "__truediv__": "divide",
             "__rtruediv__": "divide", "__neg__": "scale", "__pow__": "elementwise_pow",
@@ -492,8 +496,9 @@ def _install() -> None:
     if _installed:
         return
     for op in WRAPPED_OPS:
-        if hasattr(_C_ops, op):
-            setattr(_C_ops, op, _wrap(op, getattr(_C_ops, op)))
+        name = C_OPS_FUNCTION.get(op, op)
+        if hasattr(_C_ops, name):
+            setattr(_C_ops, name, _wrap(op, getattr(_C_ops, name)))
     for name, op in _DUNDERS.items():
         setattr(paddle.Tensor, name, _wrap(op, getattr(paddle.Tensor, name)))
     if hasattr(paddle.Tensor, "_use_gpudnn"):

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 
 # trainer.* keys read by this module, not by the loop (TrainerSettings)
-RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples", "predict_memory")
+RUN_LEVEL_TRAINER_KEYS = ("ema_decay", "eval_precision", "bootstrap_resamples", "predict_memory", "sync_bn")
 PREDICT_MEMORY = ("auto", "on", "off")
 
 
@@ -222,6 +222,27 @@ def build_optimizer(cfg: DictConfig, model, steps_per_epoch: int, total_steps: i
     return opt, sched, lr
 
 
+def sync_batch_norm(cfg: DictConfig, model, device):
+    """``trainer.sync_bn``: BatchNorm -> SyncBatchNorm under a launch of several ranks where Paddle
+    has the kernel (:func:`zoo.utils.distributed.convert_sync_bn`); summary.json's ``sync_bn``.
+    Asked for but not done on several ranks (Paddle's CPU build has no kernel) is a warning, once, on
+    rank 0, with the reason: the run normalises per rank and never claims otherwise. One process
+    (the same statistics as SyncBN) and a conversion done are one plain line."""
+    try:
+        model, info = dist.convert_sync_bn(model, cfg.trainer.get("sync_bn", False), device.kind)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if info["requested"] and not info["effective"] and dist.is_main():
+        if dist.world_size() > 1:  # several ranks normalising apart where SyncBN was asked for
+            _warn(f"warning: trainer.sync_bn=true not in effect: {info['reason']} (summary.json sync_bn)")
+        else:
+            announce(f"trainer.sync_bn: {info['reason']} (summary.json sync_bn)")
+    elif info["effective"] and dist.is_main():
+        announce(f"trainer.sync_bn: {info['converted_layers']} BatchNorm layers -> SyncBatchNorm over "
+                 f"{dist.world_size()} ranks")
+    return model, info
+
+
 def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Trainer, RunFacts]:
     """Everything a run needs, validated, in the order that fails fastest.
 
@@ -258,6 +279,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Tr
     if settings.epochs:  # the run's length, derived once; the trainer only counts steps
         settings.max_steps = math.ceil(settings.epochs * per_epoch)
     total = settings.max_steps
+    model, sync_bn = sync_batch_norm(cfg, model, device)
     optimizer, sched, lr = build_optimizer(cfg, model, per_epoch, total)
     model, optimizer = amp.setup(model, optimizer, device)
     ema = ModelEMA(model, cfg.trainer.ema_decay) if cfg.trainer.get("ema_decay") else None
@@ -268,7 +290,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Tr
     facts = RunFacts(amp=amp, device=device, lr=lr, pairing=pairing,
                      data_version=provenance.dataset_version(train_set),
                      pretrained=getattr(dist.unwrap(model), "pretrained_report", None), data_report=data_report,
-                     warmup_clipped=getattr(sched, "warmup_clipped", None))
+                     warmup_clipped=getattr(sched, "warmup_clipped", None), sync_bn=sync_bn)
     return trainer, facts
 
 

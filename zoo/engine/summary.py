@@ -34,6 +34,7 @@ class RunFacts:
     pretrained: dict | None          # load report of model.net.pretrained
     data_report: dict | None         # skipped samples per split (counts, then messages)
     warmup_clipped: dict | None = None  # the schedule's warm-up, shortened to fit the run (schedules.py)
+    sync_bn: dict | None = None      # trainer.sync_bn requested / effective (zoo.utils.distributed.convert_sync_bn)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class RunSummary:
     precision_reason: str
     device: str
     world_size: int
+    sync_bn: dict | None
     run_dir: str
     # how long and how fast
     steps: int
@@ -131,7 +133,7 @@ def _common(cfg, trainer, facts: RunFacts, out_dir: Path, status: str, wall_s: f
     return dict(
         status=status, model=cfg.model.name, data=cfg.data.name, seed=cfg.seed,
         requested_precision=amp.requested, effective_precision=amp.effective, precision_reason=amp.reason,
-        device=facts.device.name, world_size=dist.world_size(), run_dir=str(out_dir), steps=trainer.step,
+        device=facts.device.name, world_size=dist.world_size(), sync_bn=facts.sync_bn, run_dir=str(out_dir), steps=trainer.step,
         wall_time_s=wall_s, skipped_steps=amp.skipped_steps,
         all_steps_skipped=trainer.step > 0 and amp.skipped_steps >= trainer.step,
         final_loss_scale=amp.loss_scale, loss_scaler=amp.scaler_args if amp.scaler else None,

@@ -40,6 +40,59 @@ def wrap(model):
     return paddle.DataParallel(model) if world_size() > 1 else model
 
 
+# Backend names of Paddle's kernel registry, by DeviceInfo.kind (zoo.amp.capability).
+_KERNEL_BACKENDS = {"cpu": "CPU", "gpu": "GPU", "xpu": "XPU"}
+
+
+def sync_batch_norm_kernel(device_kind: str) -> tuple[bool, str]:
+    """Whether this Paddle build registers a ``sync_batch_norm`` kernel for ``device_kind``, and the
+    backends it does register (read from Paddle's kernel registry, not assumed).
+
+    Paddle 3.3.1's CPU build registers none: a SyncBatchNorm forward fails there with "The kernel
+    `sync_batch_norm` is not registered" (measured under a two-rank gloo launch, issue 37)."""
+    backend = _KERNEL_BACKENDS.get(device_kind, device_kind.upper())
+    try:
+        from paddle.base import core
+
+        kernels = core._get_registered_phi_kernels("function").get("sync_batch_norm", [])
+    except Exception:  # noqa: BLE001  (a Paddle without the registry call: CUDA is where it exists)
+        return device_kind == "gpu", "GPU (assumed: this Paddle does not list its kernels)"
+    backends = sorted({k.strip("()").split(",")[0].strip() for k in kernels})
+    return backend in backends, ", ".join(backends) or "none"
+
+
+def convert_sync_bn(model, requested: bool, device_kind: str) -> tuple:
+    """Upstream's ``norm_type: sync_bn``: BatchNorm layers become ``paddle.nn.SyncBatchNorm`` when
+    ``requested`` and this process is one of several ranks on a device with Paddle's kernel
+    (PaddleDetection ``ppdet/engine/trainer.py``: ``sync_bn and use_gpu and nranks > 1``).
+
+    Returns ``(model, info)``, info being summary.json's ``sync_bn``: ``requested``, ``effective`` (True only when the layers were
+    converted), ``converted_layers`` and ``reason``. One process keeps plain BatchNorm (SyncBatchNorm
+    over one device computes the same statistics); a device without the kernel (Paddle's CPU build)
+    keeps plain BatchNorm too, per-rank statistics, and ``reason`` says so. Parameter and buffer names
+    do not change (SyncBatchNorm takes over the BatchNorm's own weight, bias, _mean and _variance),
+    so checkpoints stay PaddleDetection-compatible and load into a model with plain BatchNorm.
+    """
+    if not isinstance(requested, bool):
+        raise ValueError(f"trainer.sync_bn: expected true or false, got {requested!r}")
+    bns = [m for m in model.sublayers(include_self=True) if isinstance(m, paddle.nn.layer.norm._BatchNormBase)]
+    out = {"requested": requested, "effective": False, "converted_layers": 0, "world_size": world_size()}
+    if not requested:
+        return model, {**out, "reason": "not requested (trainer.sync_bn=false)"}
+    if world_size() <= 1:
+        return model, {**out, "reason": "one process: plain BatchNorm (SyncBatchNorm over one device is BatchNorm)"}
+    if not bns:
+        return model, {**out, "reason": "the model has no BatchNorm layer to convert"}
+    ok, backends = sync_batch_norm_kernel(device_kind)
+    if not ok:
+        return model, {**out, "reason": (f"plain BatchNorm, statistics per rank: Paddle {paddle.__version__} has no "
+                                  f"sync_batch_norm kernel for {device_kind} (registered for: {backends})")}
+    model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    converted = sum(isinstance(m, paddle.nn.SyncBatchNorm) for m in model.sublayers(include_self=True))
+    return model, {**out, "effective": converted > 0, "converted_layers": converted,
+            "reason": f"SyncBatchNorm: statistics over all {world_size()} ranks' images"}
+
+
 def unwrap(model):
     """The plain Layer inside a DataParallel wrapper (state-dict names stay upstream-compatible)."""
     return getattr(model, "_layers", model)

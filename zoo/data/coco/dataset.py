@@ -44,7 +44,6 @@ from zoo.data.coco.transforms import (
     BoxEvalTransform,
     BoxTrainTransform,
     pad_targets,
-    resize_batch,
 )
 from zoo.data.images import ImageDecodeError, read_image_rgb, verify_image_file
 from zoo.data.skip_limit import DEFAULT_MAX_LOST_FRACTION, check_max_lost_fraction, lost_line, refuse_if_most_lost
@@ -357,7 +356,9 @@ def _image_file_ok(entry: _Image, image_root: Path, verify_images: bool, problem
 class COCODetDataset(paddle.io.Dataset):
     """Map-style box-detection dataset addressed by sampler keys.
 
-    Train items: ``image`` [3,S,S], ``gt_bbox`` [M,4] xyxy pixels of that image,
+    Train items: ``image`` [3,S,S], ``gt_bbox`` [M,4] xyxy pixels of that image (with
+    ``multiscale``: ``image`` is the augmented crop, HWC uint8 at its own size, and ``gt_bbox`` in its
+    pixels; :meth:`collate_fn` resizes it once to the batch's size),
     ``gt_class`` [M,1] int32, ``pad_gt_mask`` [M,1], ``epoch`` and ``key`` int64.
     Eval items: ``image`` [3,E,E], ``im_id`` int64, ``scale_factor`` [2] (scale_y,
     scale_x), ``orig_size`` int64 [2] (h, w), and padded ``gt_*`` in source pixels.
@@ -416,7 +417,10 @@ class COCODetDataset(paddle.io.Dataset):
         boxes, labels = self.annotations(index)
         if self.train:
             rng = np.random.default_rng((self.seed, epoch, index))
-            image, boxes, labels = self.transform(img, boxes, labels, rng)
+            if self.multiscale:  # the crop at its own size: collate_fn resizes it once, to the batch's size
+                image, boxes, labels = self.transform.augment(img, boxes, labels, rng)
+            else:
+                image, boxes, labels = self.transform(img, boxes, labels, rng)
             item = {"image": image, **pad_targets(boxes, labels, self.max_boxes)}
             item["epoch"], item["key"] = np.array(epoch, np.int64), np.array(key, np.int64)
             return item
@@ -431,13 +435,17 @@ class COCODetDataset(paddle.io.Dataset):
             int(INTERPOLATIONS[rng.integers(len(INTERPOLATIONS))])
 
     def collate_fn(self, batch: list[dict]) -> dict:
-        """Stack items; with ``multiscale`` resize the whole train batch to one size
-        chosen from (seed, first key), scaling ``gt_bbox`` alike."""
-        out = {k: np.stack([np.asarray(item[k]) for item in batch]) for k in batch[0]}
+        """Stack items. With ``multiscale`` (train) each item is its crop at its own size
+        (``BoxTrainTransform.augment``): every crop is resized once, straight to the batch's size
+        and interpolation chosen from (seed, first key), its ``gt_bbox`` scaled by its own ratios
+        and clipped, then normalised (PaddleDetection's ``BatchRandomResize`` on the
+        ``sample_transforms``' output, ``keep_ratio`` False, ``random_interp``)."""
         if self.multiscale:
-            size, interp = self.batch_size_choice(int(out["key"][0]))
-            out["image"], out["gt_bbox"] = resize_batch(out["image"], out["gt_bbox"], size, interp)
-        return out
+            size, interp = self.batch_size_choice(int(batch[0]["key"]))
+            batch = [dict(item) for item in batch]
+            for item in batch:
+                item["image"], item["gt_bbox"] = self.transform.finish(item["image"], item["gt_bbox"], size, interp)
+        return {k: np.stack([np.asarray(item[k]) for item in batch]) for k in batch[0]}
 
     def __repr__(self) -> str:
         return (f"COCODetDataset({self.source}, split={self.split!r}, n={len(self)}, {self.transform!r}, "

@@ -2,7 +2,10 @@
 
 Follows PaddleDetection ``configs/ppyoloe/_base_/ppyoloe_reader.yml``: train
 ``RandomDistort -> RandomExpand (fill = mean * 255) -> RandomCrop -> RandomFlip``
-then a resize and ``NormalizeImage`` + ``Permute``; eval ``Resize`` to a fixed
+then one resize and ``NormalizeImage`` + ``Permute``. With multi-scale that one resize is
+``BatchRandomResize``'s, from the crop straight to the batch's size with the batch's interpolation
+(``COCODetDataset.collate_fn``; upstream has no fixed-size resize before it); without, it is to the
+fixed ``image_size``, bilinear. Eval ``Resize`` to a fixed
 size with ``keep_ratio`` False.  Operator semantics are read from
 ``ppdet/data/transform/operators.py`` and ``batch_operators.py``.  Every random
 draw comes from an explicit ``numpy.random.Generator``.
@@ -28,7 +31,7 @@ import numpy as np
 from zoo.data.transforms import normalize_chw
 
 __all__ = ["BoxEvalTransform", "BoxTrainTransform", "INTERPOLATIONS", "flip_boxes", "pad_targets",
-           "random_crop", "random_distort", "random_expand", "resize_batch", "resize_with_boxes"]
+           "random_crop", "random_distort", "random_expand", "resize_with_boxes"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # BatchRandomResize's random_interp choices (batch_operators.py).
@@ -158,21 +161,6 @@ def pad_targets(boxes: np.ndarray, labels: np.ndarray, max_boxes: int) -> dict:
     return out
 
 
-def resize_batch(images: np.ndarray, boxes: np.ndarray, size: int, interp: int = cv2.INTER_LINEAR):
-    """Resize a batch of normalised CHW images ``[B,3,H,W]`` to ``size`` x ``size``
-    and scale its padded boxes ``[B,M,4]`` alike (``BatchRandomResize``).
-
-    Resizing after normalisation equals resizing before it: the normalisation is
-    affine per channel and every interpolation kernel's weights sum to one.
-    """
-    b, _, h, w = images.shape
-    out = np.empty(images.shape[:2] + (size, size), np.float32)
-    for i in range(b):
-        out[i] = cv2.resize(images[i].transpose(1, 2, 0), (size, size), interpolation=interp).transpose(2, 0, 1)
-    scale = np.array([size / w, size / h, size / w, size / h], np.float32)
-    return out, np.clip(boxes * scale, 0, size).astype(np.float32)
-
-
 class BoxTrainTransform:
     """Train pipeline ``(img, boxes, labels, rng) -> (image [3,S,S] float32, boxes, labels)``.
 
@@ -194,6 +182,15 @@ class BoxTrainTransform:
         self.mean, self.std, self.bgr = tuple(mean), tuple(std), bool(bgr)
 
     def __call__(self, img: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator):
+        """The whole pipeline at the fixed ``size`` (bilinear): training without multi-scale."""
+        img, boxes, labels = self.augment(img, boxes, labels, rng)
+        img, boxes = self.finish(img, boxes, self.size)
+        return img, boxes, labels
+
+    def augment(self, img: np.ndarray, boxes: np.ndarray, labels: np.ndarray, rng: np.random.Generator):
+        """The per-image ops (``sample_transforms``: distort, expand, crop, flip), no resize: the
+        crop HWC uint8 at its own size, its boxes in its pixels, and the labels. Multi-scale training
+        resizes this crop once, to the batch's size (:meth:`finish` from ``collate_fn``)."""
         boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
         labels = np.asarray(labels).reshape(-1)
         img = random_distort(img, rng, self.distort)
@@ -203,10 +200,16 @@ class BoxTrainTransform:
         if rng.random() < self.flip:
             img = np.ascontiguousarray(img[:, ::-1])
             boxes = flip_boxes(boxes, img.shape[1])
-        img, boxes, _ = resize_with_boxes(img, boxes, (self.size, self.size))
+        return img, boxes, labels
+
+    def finish(self, img: np.ndarray, boxes: np.ndarray, size: int, interp: int = cv2.INTER_LINEAR):
+        """The one resize (``Resize`` with ``keep_ratio`` False to ``size`` x ``size``, boxes scaled
+        and clipped; padding boxes of zeros stay zeros), then BGR if asked, ``NormalizeImage`` and
+        ``Permute``: ``(image [3,size,size] float32, boxes)``."""
+        img, boxes, _ = resize_with_boxes(img, boxes, (size, size), interp)
         if self.bgr:
             img = np.ascontiguousarray(img[..., ::-1])
-        return normalize_chw(img, self.mean, self.std), boxes, labels
+        return normalize_chw(img, self.mean, self.std), boxes
 
     def __repr__(self) -> str:
         return (f"BoxTrainTransform(size={self.size}, distort={self.distort}, expand={self.expand}"

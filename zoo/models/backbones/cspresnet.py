@@ -6,8 +6,12 @@ Layout and defaults follow PaddleDetection ``ppdet/modeling/backbones/cspresnet.
 ``backbone.stages.0.blocks.0.conv2.conv1.bn._mean`` etc. read as in the official
 checkpoints. Channels and depths scale as upstream: ``max(round(c * width_mult), 1)``
 (Python's ``round``). Differences: ``forward`` takes the image tensor (not a dict);
-no re-parameterised deploy conv, no recompute; plain ``BatchNorm2D`` (upstream's
-layer is too; convert with ``paddle.nn.SyncBatchNorm.convert_sync_batchnorm`` if wanted).
+no re-parameterised deploy conv, no recompute. The layers are ``BatchNorm2D``, as upstream
+builds them; upstream then trains PP-YOLOE with SyncBN (``norm_type: sync_bn`` in
+``configs/ppyoloe/_base_/ppyoloe_crn.yml``: ``ppdet/engine/trainer.py`` converts every BatchNorm
+with ``paddle.nn.SyncBatchNorm.convert_sync_batchnorm`` on more than one GPU). The zoo does the
+same at run level, not here: ``trainer.sync_bn=true`` (on in ``experiment=ppyoloe_s_coco``;
+:func:`zoo.utils.distributed.convert_sync_bn`). The state-dict names are the same either way.
 """
 
 from __future__ import annotations
