@@ -189,14 +189,14 @@ def test_mixed_loss_matches_numpy_soft_target_cross_entropy(eps):
 ])
 def test_bad_mixup_alpha_is_one_error_line(tmp_path, capsys, value, message):
     with pytest.raises(SystemExit) as exit_:
-        _entry.run_or_exit(train, compose([*TINY, f"+data.builder.mixup_alpha={value}"]), tmp_path / "run")
+        _entry.run_or_exit(train, compose([*TINY, f"data.builder.mixup_alpha={value}"]), tmp_path / "run")
     err = capsys.readouterr().err
     assert (exit_.value.code, err.strip().splitlines()) == (2, [message])
 
 
 def test_bad_crop_sampler_is_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        _entry.run_or_exit(train, compose([*TINY, "+data.builder.crop_sampler=timm"]), tmp_path / "run")
+        _entry.run_or_exit(train, compose([*TINY, "data.builder.crop_sampler=timm"]), tmp_path / "run")
     err = capsys.readouterr().err
     assert (exit_.value.code, err.strip().splitlines()) == (
         2, ["error: data.builder.crop_sampler: expected one of torchvision, paddleclas, got 'timm'"])
@@ -205,7 +205,7 @@ def test_bad_crop_sampler_is_one_error_line(tmp_path, capsys):
 def test_tiny_run_with_mixup_and_paddleclas_crops(tmp_path):
     """4 steps of the tiny model with PaddleClas's recipe pieces on, through tools/train.py."""
     run = tmp_path / "run"
-    out = run_tool(["tools/train.py", *TINY, "+data.builder.mixup_alpha=0.2", "+data.builder.crop_sampler=paddleclas",
+    out = run_tool(["tools/train.py", *TINY, "data.builder.mixup_alpha=0.2", "data.builder.crop_sampler=paddleclas",
                     "model.task.label_smoothing=0.1", f"hydra.run.dir={run}"], ROOT, env_extra={"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
@@ -215,3 +215,14 @@ def test_tiny_run_with_mixup_and_paddleclas_crops(tmp_path):
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line]
     assert losses and all(math.isfinite(v) and v > 0 for v in losses)
+
+
+def test_a_checkpoint_from_before_the_keys_resumes_without_changes():
+    """Configs written before data.builder.crop_sampler / mixup_alpha existed trained with torchvision's
+    crop and no Mixup: a resume with the new defaults is no change; with Mixup on it is one."""
+    from zoo.engine.checkpoint import config_changes
+
+    old = "data:\n  builder:\n    image_size: 32\n"
+    new = "data:\n  builder:\n    image_size: 32\n    crop_sampler: torchvision\n    mixup_alpha: null\n"
+    assert config_changes(old, new) == {}
+    assert config_changes(old, new.replace("null", "0.2")) == {"data.builder.mixup_alpha": (None, 0.2)}
