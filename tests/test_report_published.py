@@ -52,7 +52,8 @@ def test_clear_errors(tmp_path, published, summary, match):
 
 
 def test_every_reproduction_experiment_states_its_published_figure():
-    for name in ("db_mv3_icdar2015", "db_r50vd_icdar2015", "ppyoloe_s_coco", "resnet50_imagenet_amp"):
+    for name in ("db_mv3_icdar2015", "db_r50vd_icdar2015", "ppyoloe_s_coco", "resnet50_imagenet_amp",
+                 "resnet50_vd_imagenet", "resnet50_vd_imagenet_amp"):
         block = compose([f"experiment={name}"]).published
         assert block.value > 0 and block.tolerance > 0 and len(block.reason) > 40 and ":" in block.source
 

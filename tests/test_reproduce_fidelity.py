@@ -139,7 +139,8 @@ def composed(name: str, extra=()):
 
 
 def test_every_experiment_with_an_upstream_has_a_table():
-    upstream = {"db_mv3_icdar2015", "db_r50vd_icdar2015", "ppyoloe_s_coco", "resnet50_imagenet_amp"}
+    upstream = {"db_mv3_icdar2015", "db_r50vd_icdar2015", "ppyoloe_s_coco", "resnet50_imagenet_amp",
+                "resnet50_vd_imagenet", "resnet50_vd_imagenet_amp"}
     assert upstream <= set(EXPERIMENTS)
 
 

@@ -24,6 +24,8 @@ __all__ = [
     "random_hflip",
     "random_resized_crop",
     "random_resized_crop_box",
+    "paddleclas_crop_box",
+    "CROP_SAMPLERS",
     "resize_short",
 ]
 
@@ -65,16 +67,51 @@ def random_resized_crop_box(
     return (height - crop_h) // 2, (width - crop_w) // 2, crop_h, crop_w
 
 
+def paddleclas_crop_box(
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """Sample a crop box ``(top, left, crop_h, crop_w)`` the way PaddleClas's ``RandCropImage`` does.
+
+    One draw, never a retry: the aspect ratio is uniform (not log-uniform) in ``ratio``; the area
+    fraction is uniform in ``scale`` after both ends are capped at the largest fraction a box of
+    that aspect can have inside the image, so the box always fits; its sides are truncated, not
+    rounded; then a uniform position. On an image of ordinary shape this leaves torchvision's
+    sampler (:func:`random_resized_crop_box`) in two ways: the aspect distribution, and for wide
+    or tall images no centred fallback but a smaller box of the drawn aspect.
+    """
+    aspect = float(rng.uniform(ratio[0], ratio[1]))
+    # The largest area fraction whose box of this aspect fits: w = sqrt(f*H*W*a) <= W and
+    # h = sqrt(f*H*W/a) <= H give f <= (W/H)/a and f <= (H/W)*a.
+    fits = min((width / height) / aspect, (height / width) * aspect)
+    lo, hi = min(scale[0], fits), min(scale[1], fits)
+    target_area = height * width * float(rng.uniform(lo, hi))
+    # max(1, ...): a box of a degenerate (tiny) image keeps one pixel where upstream's would be empty
+    crop_w = min(width, max(1, int(math.sqrt(target_area * aspect))))
+    crop_h = min(height, max(1, int(math.sqrt(target_area / aspect))))
+    left = int(rng.integers(0, width - crop_w + 1))
+    top = int(rng.integers(0, height - crop_h + 1))
+    return top, left, crop_h, crop_w
+
+
+# data.builder.crop_sampler: which function samples the training crop box.
+CROP_SAMPLERS = {"torchvision": random_resized_crop_box, "paddleclas": paddleclas_crop_box}
+
+
 def random_resized_crop(
     img: np.ndarray,
     size: int,
     rng: np.random.Generator,
     scale: Sequence[float] = (0.08, 1.0),
     ratio: Sequence[float] = (3 / 4, 4 / 3),
+    sampler: str = "torchvision",
 ) -> np.ndarray:
-    """Crop a random box (see :func:`random_resized_crop_box`) and resize it
+    """Crop a random box (``sampler``: a name of :data:`CROP_SAMPLERS`) and resize it
     to ``size x size``."""
-    top, left, crop_h, crop_w = random_resized_crop_box(
+    top, left, crop_h, crop_w = CROP_SAMPLERS[sampler](
         img.shape[0], img.shape[1], rng, scale, ratio
     )
     crop = img[top : top + crop_h, left : left + crop_w]

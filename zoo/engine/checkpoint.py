@@ -62,7 +62,9 @@ SAFE_TO_CHANGE_ON_RESUME = (
 SAFE_PREFIXES_ON_RESUME = ("published.",)
 # Keys added after checkpoints were written, with the value that does what the code did before them:
 # absent from a saved config and set to it now, they are no change.
-ADDED_KEYS = {"trainer.drop_last": True}
+ADDED_KEYS = {"trainer.drop_last": True,
+              # the classification data configs list these since issue 37 (the crop and no Mixup of before)
+              "data.builder.crop_sampler": "torchvision", "data.builder.mixup_alpha": None}
 
 
 def checkpoint_config(cfg) -> str:

@@ -28,6 +28,7 @@ from zoo.amp.amp import SETTINGS as AMP_SETTINGS
 from zoo.amp.nonfinite import describe as describe_nonfinite
 from zoo.amp.numerics_guard import SETTINGS as GUARD_SETTINGS
 from zoo.amp.numerics_guard import NumericsGuardStop
+from zoo.data.classification.mixup import MIXUP_ALPHA
 from zoo.engine import checkpoint as ckpt
 from zoo.engine import final_eval, provenance, resume
 from zoo.engine import summary as run_summary
@@ -118,7 +119,8 @@ SETTINGS = {
     **prefixed("data.builder.", {
         "num_train": COUNT, "num_val": COUNT, "max_objects": COUNT, "max_polys": COUNT,
         "max_instances": COUNT, "max_boxes": COUNT,
-        "flip": PROBABILITY, "distort": PROBABILITY, "expand": PROBABILITY, "crop": PROBABILITY}),
+        "flip": PROBABILITY, "distort": PROBABILITY, "expand": PROBABILITY, "crop": PROBABILITY,
+        "mixup_alpha": MIXUP_ALPHA}),
 }
 
 

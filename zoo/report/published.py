@@ -61,8 +61,8 @@ def published_block(folder: Path) -> dict:
     if not isinstance(block, dict):
         raise PublishedInputError(
             f"{config}: no `published` block. The reproduction experiments carry one (experiment=db_mv3_icdar2015, "
-            "db_r50vd_icdar2015, ppyoloe_s_coco, resnet50_imagenet_amp); for another run state it on the command "
-            "line: +published.metric=... +published.value=... +published.source=... +published.tolerance=... "
+            "db_r50vd_icdar2015, ppyoloe_s_coco, resnet50_imagenet_amp, resnet50_vd_imagenet[_amp]); for another "
+            "run state it on the command line: +published.metric=... +published.value=... +published.source=... +published.tolerance=... "
             "+published.reason=...")
     missing = [k for k in REQUIRED if block.get(k) in (None, "")]
     if missing:

@@ -44,12 +44,29 @@ class ClassificationTask(Task):
         self._hits: list[np.ndarray] = []  # per-image top-1 hits of the current evaluation
 
     def losses(self, model, batch) -> dict[str, paddle.Tensor]:
-        """Forward and loss; the loss is computed in fp32 whatever the autocast state."""
+        """Forward and loss; the loss is computed in fp32 whatever the autocast state.
+
+        A Mixup batch (``mix_label``, ``mix_lam``: zoo/data/classification/mixup.py) is trained on
+        the soft target ``lam * onehot(label) + (1 - lam) * onehot(mix_label)``, label-smoothed
+        like a hard one, as PaddleClas's ``CELoss`` treats a mixed target.
+        """
         logits = model(batch["image"])
         labels = batch["label"].reshape([-1])
         with paddle.amp.auto_cast(enable=False):  # softmax + log in fp32 even under O2
-            loss = F.cross_entropy(logits.astype("float32"), labels, label_smoothing=self.label_smoothing)
+            logits = logits.astype("float32")
+            if "mix_lam" in batch:
+                loss = self.mixed_loss(logits, labels, batch["mix_label"].reshape([-1]), batch["mix_lam"])
+            else:
+                loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         return {"loss": loss}
+
+    def mixed_loss(self, logits, labels, partners, lam) -> paddle.Tensor:
+        """Mean cross-entropy of fp32 ``logits`` against the smoothed Mixup target of each image."""
+        k = logits.shape[-1]
+        lam = lam.astype("float32").reshape([-1, 1])
+        target = lam * F.one_hot(labels, k) + (1.0 - lam) * F.one_hot(partners, k)
+        target = (1.0 - self.label_smoothing) * target + self.label_smoothing / k
+        return -(target * F.log_softmax(logits, axis=-1)).sum(axis=-1).mean()
 
     def begin_eval(self, val_set) -> None:
         """Start collecting per-image top-1 hits (for the bootstrap CI over images)."""

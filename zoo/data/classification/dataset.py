@@ -9,7 +9,9 @@ Two root layouts are understood, chosen per split:
   labels are the sorted class folder names of ``train/``.
 
 Datasets are indexed by sampler *keys* (see :mod:`zoo.data.sampler`) and draw
-all augmentation randomness from ``np.random.default_rng((seed, epoch, index))``.
+all augmentation randomness from ``np.random.default_rng((seed, epoch, index))``;
+a training set with Mixup mixes each batch in its collate function
+(:mod:`zoo.data.classification.mixup`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
+from zoo.data.classification.mixup import MixupCollate, check_mixup_alpha
 from zoo.data.classification.transforms import ClassificationTransform
 from zoo.data.images import read_image_rgb
 
@@ -91,10 +94,12 @@ class ClassificationDataset(paddle.io.Dataset):
     """Map-style dataset of (image file, label) addressed by sampler keys.
 
     ``dataset[key]`` decodes ``index = key % N`` and ``epoch = key // N`` and
-    returns ``{"image": float32 [3,H,W], "label": int64 scalar}``.
+    returns ``{"image": float32 [3,H,W], "label": int64 scalar}``. With ``mixup_alpha`` the item
+    also carries its ``key`` and :attr:`collate_fn` mixes each batch (``mix_label``, ``mix_lam``).
     """
 
-    def __init__(self, root: Path, paths: Sequence[str], labels: np.ndarray, transform, seed: int, name: str = ""):
+    def __init__(self, root: Path, paths: Sequence[str], labels: np.ndarray, transform, seed: int, name: str = "",
+                 mixup_alpha: float | None = None):
         super().__init__()
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
@@ -106,6 +111,9 @@ class ClassificationDataset(paddle.io.Dataset):
         self.transform = transform
         self.seed = int(seed)
         self.name = name
+        self.mixup_alpha = check_mixup_alpha(mixup_alpha)
+        if self.mixup_alpha is not None:  # build_loader batches with a dataset's collate_fn
+            self.collate_fn = MixupCollate(self.mixup_alpha, self.seed, len(self.labels))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -127,10 +135,14 @@ class ClassificationDataset(paddle.io.Dataset):
             # Re-raise the same type with the sample's coordinates added.
             raise type(e)(f"{e} (dataset {self.name!r}, index {index}, key {key})") from None
         rng = np.random.default_rng((self.seed, epoch, index))
-        return {"image": self.transform(img, rng), "label": self.labels[index]}
+        item = {"image": self.transform(img, rng), "label": self.labels[index]}
+        if self.mixup_alpha is not None:
+            item["key"] = np.array(key, np.int64)
+        return item
 
     def __repr__(self) -> str:
-        return f"ClassificationDataset({self.name!r}, root={self.root}, n={len(self)}, {self.transform!r})"
+        mix = f", mixup_alpha={self.mixup_alpha}" if self.mixup_alpha is not None else ""
+        return f"ClassificationDataset({self.name!r}, root={self.root}, n={len(self)}, {self.transform!r}{mix})"
 
 
 class ClassificationData:
@@ -138,6 +150,11 @@ class ClassificationData:
 
     ``num_classes`` is taken from the argument, else ``root/labels.txt``, else
     the class folders, else ``1 + max label`` over the list files.
+
+    ``crop_sampler``: the training crop box, ``torchvision`` (default: log-uniform aspect, ten
+    tries, centred fallback) or ``paddleclas`` (PaddleClas's ``RandCropImage``: uniform aspect,
+    area capped so the box fits). ``mixup_alpha``: Mixup of the training batches with
+    ``lam ~ Beta(alpha, alpha)`` as PaddleClas's ``MixupOperator``; null = off (default).
     """
 
     def __init__(
@@ -152,6 +169,8 @@ class ClassificationData:
         num_classes: int | None = None,
         train_aug: bool = True,
         train_crop_scale: Sequence[float] = (0.08, 1.0),
+        crop_sampler: str = "torchvision",
+        mixup_alpha: float | None = None,
     ):
         self.root = Path(root).expanduser()
         self.list_files = {"train": train_list, "val": val_list}
@@ -159,6 +178,8 @@ class ClassificationData:
         self.mean, self.std = tuple(mean), tuple(std)
         self.train_aug = bool(train_aug)
         self.train_crop_scale = tuple(train_crop_scale)
+        self.crop_sampler = crop_sampler
+        self.mixup_alpha = check_mixup_alpha(mixup_alpha)
         if num_classes is not None and num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         self._num_classes = num_classes
@@ -172,7 +193,8 @@ class ClassificationData:
 
     def _transform(self, train: bool) -> ClassificationTransform:
         return ClassificationTransform(
-            train, self.image_size, self.resize_size, self.mean, self.std, crop_scale=self.train_crop_scale
+            train, self.image_size, self.resize_size, self.mean, self.std, crop_scale=self.train_crop_scale,
+            crop_sampler=self.crop_sampler,
         )
 
     def _check_root(self) -> None:
@@ -254,4 +276,5 @@ class ClassificationData:
             # Folder layout with an explicit, too small num_classes.
             raise ValueError(f"data.root {self.root}: {split} has labels >= num_classes={n_cls}")
         transform = self._transform(train=split == "train" and self.train_aug)
-        return ClassificationDataset(self.root, paths, labels, transform, seed, name=f"{self.root.name}/{split}")
+        return ClassificationDataset(self.root, paths, labels, transform, seed, name=f"{self.root.name}/{split}",
+                                     mixup_alpha=self.mixup_alpha if split == "train" else None)
