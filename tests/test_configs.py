@@ -123,7 +123,13 @@ def test_every_data_config_instantiates(data, imagenet_root, icdar_root, coco_ro
              "coco": ["model=ppyoloe_tiny", f"data.root={coco_root}", "data.num_classes=2"]}[data]
     cfg = compose([f"data={data}", *extra])
     builder = instantiate(cfg.data.builder)
-    train_item, val_item = builder.build("train", 0)[0], builder.build("val", 0)[0]
+    train_set = builder.build("train", 0)
+    train_item, val_item = train_set[0], builder.build("val", 0)[0]
+    if getattr(train_set, "multiscale", None):  # a multi-scale train item is its crop (HWC), resized in collate_fn
+        assert train_item["image"].ndim == 3 and train_item["image"].shape[2] == 3
+        batch = train_set.collate_fn([train_item])
+        assert batch["image"].shape[1] == 3 and batch["image"].shape[2] in train_set.multiscale
+        train_item = {k: v[0] for k, v in batch.items()}
     assert train_item["image"].shape[0] == 3 and val_item["image"].shape[0] == 3
     if "label" in val_item:
         assert 0 <= int(val_item["label"]) < cfg.data.num_classes
