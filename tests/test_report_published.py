@@ -81,3 +81,33 @@ def test_a_run_without_a_published_figure_is_an_input_error(tmp_path):
     run = fake_run(tmp_path / "plain", None, {"primary_metric": {"name": "top1", "value": 0.5}})
     out = run_tool(["tools/report.py", str(run), "--against-published"], ROOT)
     assert out.returncode == 2 and "no `published` block" in out.stderr
+
+
+def test_model_cards_published_tables_are_generated_from_the_experiments(tmp_path):
+    """Issue 37 item 4: MODEL_CARDS' "upstream reported results" tables are the experiments'
+    `published` blocks; regenerating them changes nothing, so a block edited without the cards fails."""
+    import shutil
+
+    from conftest import run_tool
+
+    cards = tmp_path / "MODEL_CARDS.md"
+    shutil.copy(ROOT / "MODEL_CARDS.md", cards)
+    res = run_tool(["tools/report.py", "--published-tables", "--model-cards", str(cards)], cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert cards.read_text() == (ROOT / "MODEL_CARDS.md").read_text().replace(
+        "--model-cards MODEL_CARDS.md`", f"--model-cards {cards.name}`"), \
+        "MODEL_CARDS.md's published tables differ from the experiments: run " \
+        "python tools/report.py --published-tables --model-cards MODEL_CARDS.md"
+    for experiment in ("db_mv3_icdar2015", "ppyoloe_s_coco", "resnet50_vd_imagenet"):
+        assert f"`experiment={experiment}`" in cards.read_text()
+
+
+def test_a_published_table_without_its_section_is_named(tmp_path):
+    from zoo.report.published import PublishedInputError, rewrite_tables
+
+    cards = tmp_path / "CARDS.md"
+    cards.write_text("<!-- published:db -->\n<!-- /published:db -->\n")
+    with pytest.raises(PublishedInputError, match="published:ppyoloe"):
+        rewrite_tables(cards, {"db": "| t |\n", "ppyoloe": "| t |\n"}, "c")
+    with pytest.raises(PublishedInputError, match="sections with no experiment: \\['db'\\]"):
+        rewrite_tables(cards, {}, "c")

@@ -32,7 +32,7 @@ MARGINS = Path(_entry.CONFIG_DIR) / "report.yaml"  # the equivalence margins per
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("inputs", nargs="+", help="run folders, summary.json files or multirun folders")
+    parser.add_argument("inputs", nargs="*", help="run folders, summary.json files or multirun folders")
     parser.add_argument("--out", default=None, help="report folder (default: <first input>/report)")
     parser.add_argument("--delta", type=float, default=None,
                         help="equivalence margin in percentage points (default: configs/report.yaml)")
@@ -48,9 +48,18 @@ def main(argv=None) -> int:
                              "in the report's notes; without it they stop the report")
     parser.add_argument("--against-published", action="store_true",
                         help="compare each run with the published figure of its config (no parity report)")
+    parser.add_argument("--published-tables", action="store_true",
+                        help="rewrite the <!-- published:FAMILY --> tables of --model-cards from the experiments' "
+                             "published blocks (no runs: inputs not given)")
     parser.add_argument("--runs-table", action="store_true",
                         help="one row per run (precision, non-finite outputs, metrics, time, revision), no comparison")
     args = parser.parse_args(argv)  # argparse itself exits 2 on usage errors
+    if args.published_tables:
+        if not args.model_cards or args.inputs:
+            parser.error("--published-tables takes --model-cards FILE and no run folders")
+        return _published_tables(Path(args.model_cards))
+    if not args.inputs:
+        parser.error("the following arguments are required: inputs")
     if args.against_published:
         from zoo.report.published import PublishedInputError, against_published
         try:
@@ -96,6 +105,36 @@ def main(argv=None) -> int:
     for run_id in log_report(args.inputs, out, lambda said: print(said, file=sys.stderr, flush=True)):
         print(f"report logged to the sweep's MLflow run {run_id}", file=sys.stderr, flush=True)
     return code
+
+
+def composed_experiments() -> list[dict]:
+    """Every experiment config with a ``published`` block, composed as tools/train.py would."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    out = []
+    with initialize_config_dir(config_dir=_entry.CONFIG_DIR, version_base="1.3"):
+        for path in sorted((Path(_entry.CONFIG_DIR) / "experiment").glob("*.yaml")):
+            cfg = compose("train", overrides=[f"experiment={path.stem}"])
+            if cfg.get("published") is None:
+                continue
+            plain = OmegaConf.to_container(cfg, resolve=False)
+            out.append({"experiment": path.stem, "family": {"name": cfg.family.name},
+                        "model": {"name": cfg.model.name}, "data": {"name": cfg.data.name},
+                        "published": plain["published"]})
+    return out
+
+
+def _published_tables(cards: Path) -> int:
+    from zoo.report.published import PublishedInputError, published_tables, rewrite_tables
+
+    try:
+        written = rewrite_tables(cards, published_tables(composed_experiments()),
+                                 f"python tools/report.py --published-tables --model-cards {cards.name}")
+    except (PublishedInputError, OSError) as err:
+        return _entry.report_error(err)
+    print(f"{cards}: rewrote the published tables of {', '.join(written)}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -121,3 +121,49 @@ def against_published(inputs) -> tuple[int, str, list[dict]]:
     results = [compare_run(p) for p in inputs]
     text = "".join(format_comparison(c) for c in results)
     return (0 if all(c.within for c in results) else 1), text, [asdict(c) for c in results]
+
+
+# ---- the model cards' "upstream reported results" tables, from the same blocks ----------------------
+TABLE_MARKERS = ("<!-- published:{} -->", "<!-- /published:{} -->")
+
+
+def published_rows(configs: list[dict]) -> dict[str, list[str]]:
+    """Markdown rows per model family from composed experiment configs (each a plain dict with
+    ``experiment``, ``family.name``, ``model.name``, ``data.name`` and its ``published`` block)."""
+    rows: dict[str, list[str]] = {}
+    for cfg in configs:
+        block = cfg["published"]
+        rows.setdefault(cfg["family"]["name"], []).append(
+            f"| `experiment={cfg['experiment']}` | {cfg['model']['name']} | {cfg['data']['name']} | {block['metric']} "
+            f"| **{block['value']:.2f}** | ±{block['tolerance']:g} pp | {block['source']} |")
+    return rows
+
+
+def published_tables(configs: list[dict]) -> dict[str, str]:
+    """One Markdown table per family (see :func:`published_rows`)."""
+    head = ("| reproduced by | model | data | metric | published | tolerance | source |\n"
+            "|---|---|---|---|---|---|---|\n")
+    return {family: head + "\n".join(rows) + "\n" for family, rows in published_rows(configs).items()}
+
+
+def rewrite_tables(cards: Path, tables: dict[str, str], command: str) -> list[str]:
+    """Replace each ``<!-- published:FAMILY -->`` section of ``cards`` with its table; returns the
+    families written. A section without a table, or a table without a section, is an error."""
+    text = cards.read_text(encoding="utf-8")
+    for family, table in tables.items():
+        start, end = (m.format(family) for m in TABLE_MARKERS)
+        if text.count(start) != 1 or text.count(end) != 1:
+            raise PublishedInputError(f"{cards}: needs exactly one '{start}' ... '{end}' section for the "
+                                      f"experiments of family {family}")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        body = (f"\n{table}\nGenerated from the experiments' `published` blocks (configs/experiment/) by "
+                f"`{command}`; `tools/report.py <run> --against-published` compares a finished run with them.\n")
+        text = head + start + body + end + tail
+    sections = {line.split(":", 1)[1].split(" ")[0] for line in text.splitlines() if line.startswith("<!-- published:")}
+    if sections - set(tables):
+        raise PublishedInputError(f"{cards}: sections with no experiment: {sorted(sections - set(tables))}")
+    tmp = cards.with_name(f".{cards.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(cards)
+    return sorted(tables)
