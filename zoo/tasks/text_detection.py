@@ -78,8 +78,10 @@ class DBTask(Task):
         return out["maps"] if isinstance(out, Mapping) else out
 
     def losses(self, model, batch) -> dict[str, paddle.Tensor]:
-        """Train-mode forward and the DB loss dict (float32 whatever the autocast state)."""
-        return self.loss(self._maps(model(batch["image"])), batch)
+        """Train-mode forward and the DB loss dict (float32 whatever the autocast state). The whole
+        output goes to the loss: PFHeadLocal's ``cbn_maps`` adds a term (zoo/losses/db_loss.py)."""
+        out = model(batch["image"])
+        return self.loss(dict(out) if isinstance(out, Mapping) else out, batch)
 
     def predict(self, model, batch) -> list[tuple]:
         """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels. A batch
