@@ -1,6 +1,6 @@
 """PP-OCRv5 server det (PPHGNetV2_B4 det + LKPAN 256 with IntraCL + PFHeadLocal k 50, large): PaddleOCR's
 state-dict layout, the head's train/eval outputs and its extra loss term, a tiny run of tools/train.py and
-the export (issue 36).
+the export, and PaddleOCR-layout checkpoints loaded by registry name (issue 36).
 
 tests/data/paddleocr_ppocrv5_server_det.keys lists the ``name [shape]`` entries, in order, of PaddleOCR
 main's ``build_model`` of ``configs/det/PP-OCRv5/PP-OCRv5_server_det.yml`` (``rec_pphgnetv2.py``
@@ -21,9 +21,11 @@ import paddle
 import pytest
 import yaml
 from conftest import ROOT, compose, run_tool
+from test_weights_download import home, server  # noqa: F401  (fixtures: a cache root, a 127.0.0.1 server)
 
 import zoo
 from zoo.losses import DBLoss
+from zoo.weights import hub
 
 KEYS = ROOT / "tests" / "data" / "paddleocr_ppocrv5_server_det.keys"
 TRAINABLE = 26_291_811  # upstream's count too; 4,194,304 of it is the det forward's unused last_conv
@@ -160,3 +162,37 @@ def test_export_gives_the_eval_maps(tmp_path, model):
     got = (got[0] if isinstance(got, (list, tuple)) else got).numpy()
     assert got.shape == want.shape == (1, 1, 96, 128)
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def _key_file_shapes() -> dict[str, tuple]:
+    out = {}
+    for line in KEYS.read_text().splitlines():
+        if line.strip():
+            name, shape = line.split(" ", 1)
+            out[name] = tuple(int(d) for d in shape.strip("[]").split(",") if d.strip())
+    return out
+
+
+def test_paddleocr_checkpoints_load_by_name(server, home, monkeypatch, tmp_path):
+    """PP-OCRv5_server_det_pretrained and the yml's backbone PPHGNetV2_B4_ocr_det, made here in PaddleOCR's
+    layout from the key file (formula weights: the official files cannot be downloaded offline), served on
+    127.0.0.1 under their published paths and loaded by registry name."""
+    shapes = _key_file_shapes()
+    rng = np.random.default_rng(0)
+    state = {k: (rng.standard_normal(s, dtype=np.float32) * 0.1) for k, s in shapes.items()}
+    folder = "/paddlex/official_pretrained_model/"
+    for name, content in (("PP-OCRv5_server_det_pretrained", state),
+                          ("PPHGNetV2_B4_ocr_det", {k[len("backbone."):]: v for k, v in state.items()
+                                                    if k.startswith("backbone.")})):
+        file = tmp_path / f"{name}.pdparams"
+        paddle.save(content, str(file))
+        server.files[f"{folder}{name}.pdparams"] = file.read_bytes()
+    monkeypatch.setenv(hub.MIRROR_ENV, server.base)
+    whole = zoo.create_model("ppocrv5_server_det", pretrained="PP-OCRv5_server_det_pretrained", strict=True)
+    got = whole.state_dict()
+    assert all(np.array_equal(got[k].numpy(), v) for k, v in state.items())
+    backbone = zoo.create_model("ppocrv5_server_det", pretrained="PPHGNetV2_B4_ocr_det")
+    report = backbone.pretrained_report
+    assert report["matched"] == sum(k.startswith("backbone.") for k in shapes) and report["unexpected"] == 0
+    got = backbone.state_dict()
+    assert all(np.array_equal(got[k].numpy(), v) for k, v in state.items() if k.startswith("backbone."))
