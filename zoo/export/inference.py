@@ -105,7 +105,8 @@ def db_inference_yml(postprocess: Mapping, model_name: str = DEFAULT_DET_MODEL_N
 
 # The zoo's models that are PaddleOCR's own networks, served under their PaddleX names; every other DB
 # gets DEFAULT_DET_MODEL_NAME (the name picks the client's defaults only).
-PADDLEX_DET_NAMES = {"ppocrv5_mobile_det": "PP-OCRv5_mobile_det", "ppocrv4_mobile_det": "PP-OCRv4_mobile_det"}
+PADDLEX_DET_NAMES = {"ppocrv5_mobile_det": "PP-OCRv5_mobile_det", "ppocrv4_mobile_det": "PP-OCRv4_mobile_det",
+                     "ppocrv5_server_det": "PP-OCRv5_server_det"}
 
 
 def paddlex_det_name(model_name: str) -> str:

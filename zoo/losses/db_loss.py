@@ -123,7 +123,9 @@ class DBLoss(nn.Layer):
     ``forward(predicts, batch)`` takes the model output (``{"maps": ...}`` or the maps tensor)
     and a batch dict with ``shrink_map``, ``shrink_mask``, ``threshold_map``, ``threshold_mask``
     (``[N, H, W]``); it returns float32 ``loss``, ``loss_shrink_maps`` (already times alpha),
-    ``loss_threshold_maps`` (times beta) and ``loss_binary_maps``.
+    ``loss_threshold_maps`` (times beta) and ``loss_binary_maps``. An output that also carries
+    ``cbn_maps`` ([N, 1, H, W], PFHeadLocal's binary map) adds ``loss_cbn``, the balanced shrink-map
+    loss of that map (unweighted), to ``loss``, as upstream's DBLoss does for PFHeadLocal.
     """
 
     def __init__(self, balance_loss: bool = True, main_loss_type: str = "DiceLoss", alpha: float = 5,
@@ -138,6 +140,7 @@ class DBLoss(nn.Layer):
 
     def forward(self, predicts, batch) -> dict[str, paddle.Tensor]:
         maps = predicts["maps"] if isinstance(predicts, dict) else predicts
+        cbn = predicts.get("cbn_maps") if isinstance(predicts, dict) else None
         if maps.ndim != 4 or maps.shape[1] < 3:
             raise ValueError(f"DBLoss: expected train-mode maps [N, 3, H, W], got {list(maps.shape)}")
         with paddle.amp.auto_cast(enable=False):
@@ -149,5 +152,9 @@ class DBLoss(nn.Layer):
             loss_threshold = self.beta * self.l1_loss(maps[:, 1], threshold_map, threshold_mask)
             loss_binary = self.dice_loss(maps[:, 2], shrink_map, shrink_mask)
             total = loss_shrink + loss_threshold + loss_binary
+            extra = {}
+            if cbn is not None:
+                extra["loss_cbn"] = self.bce_loss(cbn.astype("float32")[:, 0], shrink_map, shrink_mask)
+                total = total + extra["loss_cbn"]
         return {"loss": total, "loss_shrink_maps": loss_shrink,
-                "loss_threshold_maps": loss_threshold, "loss_binary_maps": loss_binary}
+                "loss_threshold_maps": loss_threshold, "loss_binary_maps": loss_binary, **extra}

@@ -16,7 +16,9 @@ Registered models (each keyword can be overridden through ``create_model``):
 - ``db_det_tiny``: MobileNetV3 small x0.35 with a 32-channel neck, for tests;
 - ``ppocrv5_mobile_det``: ``configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml`` (PPLCNetV3 x0.75 det,
   RSEFPN 96 with shortcut, DBHead k=50 with fix_nan);
-- ``ppocrv4_mobile_det``: the same network (``PP-OCRv4_mobile_det.yml``), other weights.
+- ``ppocrv4_mobile_det``: the same network (``PP-OCRv4_mobile_det.yml``), other weights;
+- ``ppocrv5_server_det``: ``configs/det/PP-OCRv5/PP-OCRv5_server_det.yml`` (PPHGNetV2_B4 det,
+  LKPAN 256 large with IntraCL blocks, PFHeadLocal k=50 mode large).
 
 The PPLCNetV3 models train in their multi-branch form; :meth:`DBNet.rep` switches them to the
 deploy form PaddleOCR exports (``zoo.create_model`` does so itself for a deploy-form
@@ -27,13 +29,13 @@ from __future__ import annotations
 
 from paddle import nn
 
-from zoo.models.backbones import DetMobileNetV3, DetPPLCNetV3, DetResNetVd
-from zoo.models.heads import DBHead
-from zoo.models.necks import DBFPN, RSEFPN
+from zoo.models.backbones import DetMobileNetV3, DetPPHGNetV2, DetPPLCNetV3, DetResNetVd
+from zoo.models.heads import DBHead, PFHeadLocal
+from zoo.models.necks import DBFPN, LKPAN, RSEFPN
 from zoo.models.registry import register_model
 
 __all__ = ["DBNet", "db_det", "db_det_r18", "db_det_r50", "db_det_tiny", "ppocrv4_mobile_det",
-           "ppocrv5_mobile_det"]
+           "ppocrv5_mobile_det", "ppocrv5_server_det"]
 
 
 class DBNet(nn.Layer):
@@ -47,7 +49,8 @@ class DBNet(nn.Layer):
 
     ``forward`` returns the head's dict: ``{"maps": [N, 3, H, W]}`` (shrink,
     threshold, binary) in training mode, ``{"maps": [N, 1, H, W]}`` (shrink)
-    in eval mode. H and W must be multiples of 32.
+    in eval mode (:class:`~zoo.models.heads.PFHeadLocal` adds ``cbn_maps`` in
+    training). H and W must be multiples of 32.
     """
 
     def __init__(self, backbone: nn.Layer, neck: nn.Layer, head: nn.Layer):
@@ -123,3 +126,11 @@ def ppocrv4_mobile_det(scale=0.75, conv_kxk_num=4, neck_channels=96, shortcut=Tr
                        in_channels=3):
     """PP-OCRv4 mobile det: the network of :func:`ppocrv5_mobile_det` (PaddleOCR trained other weights)."""
     return _lcnetv3_db(scale, conv_kxk_num, neck_channels, shortcut, k, fix_nan, in_channels)
+
+
+@register_model
+def ppocrv5_server_det(neck_channels=256, intracl=True, k=50, mode="large", in_channels=3):
+    """PP-OCRv5 server det: PPHGNetV2_B4 (det) + LKPAN 256 (large, IntraCL) + PFHeadLocal k=50 (large)."""
+    backbone = DetPPHGNetV2(in_channels)
+    neck = LKPAN(backbone.out_channels, out_channels=neck_channels, intracl=intracl)
+    return DBNet(backbone, neck, PFHeadLocal(neck.out_channels, k=k, mode=mode))

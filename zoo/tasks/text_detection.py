@@ -4,8 +4,9 @@ Train batches hold ``image`` and the four DB label maps; eval batches hold ``ima
 a limit-side resize padded to the batch's largest, each image's own size in ``valid_hw`` [N, 2]),
 ``shape`` (src_h, src_w, ratio_h, ratio_w), ``polys`` [N, P, 4, 2] in source pixels (zero-padded),
 ``ignore`` [N, P] and ``num_polys`` [N]. The model returns ``{"maps": [N, 3, H, W]}`` in train
-mode and ``{"maps": [N, 1, H, W]}`` in eval mode; the engine switches the mode. The export saves
-the bare shrink map (:class:`DBProbabilityMap`). The Task contract: zoo/tasks/base.py.
+mode (PFHeadLocal adds ``cbn_maps``, which the loss reads) and ``{"maps": [N, 1, H, W]}`` in eval
+mode; the engine switches the mode. The export saves the bare shrink map (:class:`DBProbabilityMap`).
+The Task contract: zoo/tasks/base.py.
 """
 from __future__ import annotations
 
@@ -78,8 +79,10 @@ class DBTask(Task):
         return out["maps"] if isinstance(out, Mapping) else out
 
     def losses(self, model, batch) -> dict[str, paddle.Tensor]:
-        """Train-mode forward and the DB loss dict (float32 whatever the autocast state)."""
-        return self.loss(self._maps(model(batch["image"])), batch)
+        """Train-mode forward and the DB loss dict (float32 whatever the autocast state). The whole
+        output goes to the loss: PFHeadLocal's ``cbn_maps`` adds a term (zoo/losses/db_loss.py)."""
+        out = model(batch["image"])
+        return self.loss(dict(out) if isinstance(out, Mapping) else out, batch)
 
     def predict(self, model, batch) -> list[tuple]:
         """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels. A batch

@@ -64,13 +64,16 @@ class DBBranch(nn.Layer):
         self.conv_bn2 = _bn(mid)
         self.conv3 = _up_conv(mid, 1, mid)
 
-    def forward(self, x):
+    def features(self, x):
+        """The [N, C/4, 2h, 2w] map ``conv3`` reads (PFHeadLocal refines the shrink map with it)."""
         fix = self.fix_nan and self.training
         x = F.relu(self.conv_bn1(self.conv1(x)))
         x = _zero_nan(x) if fix else x
         x = F.relu(self.conv_bn2(self.conv2(x)))
-        x = _zero_nan(x) if fix else x
-        return F.sigmoid(self.conv3(x))
+        return _zero_nan(x) if fix else x
+
+    def forward(self, x):
+        return F.sigmoid(self.conv3(self.features(x)))
 
 
 class DBHead(nn.Layer):

@@ -2,6 +2,7 @@
 
 from zoo.models.necks.custom_pan import CustomCSPPAN
 from zoo.models.necks.db_fpn import DBFPN
+from zoo.models.necks.lkpan import LKPAN
 from zoo.models.necks.rse_fpn import RSEFPN
 
-__all__ = ["CustomCSPPAN", "DBFPN", "RSEFPN"]
+__all__ = ["CustomCSPPAN", "DBFPN", "LKPAN", "RSEFPN"]
