@@ -111,8 +111,8 @@ def test_text_losing_most_lines_is_one_error_naming_file_counts_and_key(tmp_path
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        f"error: {path}: data.builder.bad_samples=skip would leave out 3 of 5 label lines (images) (60%) of "
-        f"the train split for 3 problems, more than {KEY}=0.5 of them; first problem: {path}:3: image is missing")
+        f"error: {path}: data.builder.bad_samples=skip would leave out 3 of 5 label lines (images) (60%) and "
+        f"3 of 5 text boxes (60%) of the train split for 3 problems, more than {KEY}=0.5 of them; first problem: {path}:3: image is missing")
     assert err[0].endswith(f"; fix the file, or set {KEY}=1 to use the 2 left")
 
 
@@ -120,8 +120,24 @@ def test_text_few_lost_warns_with_share_and_threshold(tmp_path, caplog):
     path = _text_root(tmp_path, 3, 2)
     with caplog.at_level("WARNING"):
         assert len(_text(tmp_path).build("train", 0)) == 3
-    assert (f"skipped 2 of 5 samples of {path} (40% of the train split's label lines, each an image; "
-            f"data.builder.bad_samples=skip, up to {KEY}=0.5;") in caplog.text
+    assert (f"skipped 2 of 5 samples of {path} (40% of the train split's label lines, each an image) and "
+            f"2 of 5 text boxes (40%); data.builder.bad_samples=skip, up to {KEY}=0.5;") in caplog.text
+
+
+def test_text_lost_boxes_count_each_line_and_name_the_unreadable_ones(tmp_path, caplog):
+    """Issue 40 item 4 for label files: the boxes lost with skipped lines, where the labels were read."""
+    two = '[{"transcription": "A", "points": [[1, 1], [9, 1], [9, 9], [1, 9]]}, ' \
+          '{"transcription": "B", "points": [[11, 1], [19, 1], [19, 9], [11, 9]]}]'
+    (tmp_path / "img").mkdir()
+    cv2.imwrite(str(tmp_path / "img" / "good.png"), np.full((64, 96, 3), 128, np.uint8))
+    lines = [f"img/good.png\t{BOX}"] * 4 + [f"img/missing.png\t{two}", "img/good.png\tnot json"]
+    for name in ("train.txt", "val.txt"):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING"):
+        assert len(_text(tmp_path).build("train", 0)) == 4
+    # 4 kept lines of one box, the missing image's 2 boxes lost, the unparsable line's boxes unknown
+    assert ("(33% of the train split's label lines, each an image) and 2 of 6 text boxes (33%), plus the "
+            "boxes of 1 line that could not be read;") in caplog.text
 
 
 @pytest.mark.parametrize("value", [1.5, -0.1, float("nan"), True, "half"])

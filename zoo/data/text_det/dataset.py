@@ -172,6 +172,7 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None,
         if isinstance(line, str) and not line.strip():
             continue
         where = f"{path}:{lineno}"
+        sample = None
         try:
             if isinstance(line, ValueError):
                 raise line
@@ -184,11 +185,25 @@ def load_det_labels(path, bad_samples: str = "fail", image_root=None,
             if bad_samples == "fail":
                 raise
             problems.append(str(e))
+            if stats is not None:  # the boxes lost with it, where its labels could be read (the image could not)
+                key = "lost_boxes" if sample is not None else "lost_unread_lines"
+                stats[key] = stats.get(key, 0) + (len(sample[1]) if sample is not None else 1)
             continue
         samples.append(sample)
         if line_numbers is not None:
             line_numbers.append(lineno)
     return samples, problems
+
+
+def _lost_boxes_text(stats: dict, kept_boxes: int) -> str:
+    """``"12 of 340 text boxes (4%)"`` lost with the skipped lines, and how many lines could not be read
+    at all (their boxes are unknown)."""
+    lost, unread = stats.get("lost_boxes", 0), stats.get("lost_unread_lines", 0)
+    total = lost + kept_boxes
+    text = f"{lost} of {total} text boxes ({100 * lost / total:.0f}%)" if total else "0 text boxes"
+    if unread:
+        text += f", plus the boxes of {unread} line{'s' if unread > 1 else ''} that could not be read"
+    return text
 
 
 def read_det_label_file(path) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -419,12 +434,15 @@ class TextDetData:
                                                 decode=self.verify_images == "decode")
             if problems:
                 total = len(problems) + len(samples)
+                kept_boxes = sum(len(s[1]) for s in samples)
+                boxes = _lost_boxes_text(stats, kept_boxes)
                 refuse_if_most_lost(split, path, len(problems), total, problems, self.max_lost_fraction,
-                                    unit="label lines (images)")
+                                    also=boxes, unit="label lines (images)")
                 log.warning("data: skipped %d of %d samples of %s (%.0f%% of the %s split's label lines, each an "
-                            "image; data.builder.bad_samples=skip, up to %s=%g; all listed in the run folder's "
-                            "data_problems.txt); first: %s", len(problems), total, path, 100 * len(problems) / total,
-                            split, MAX_LOST_KEY, self.max_lost_fraction, "; ".join(problems[:3]))
+                            "image) and %s; data.builder.bad_samples=skip, up to %s=%g; all listed in the run "
+                            "folder's data_problems.txt; first: %s", len(problems), total, path,
+                            100 * len(problems) / total, split, boxes, MAX_LOST_KEY, self.max_lost_fraction,
+                            "; ".join(problems[:3]))
             if stats.get("clipped_polygons"):
                 log.warning("data: %s: clipped %d polygons reaching outside their image (first at %s)", path,
                             stats["clipped_polygons"], ", ".join(stats["clipped_at"][:3]))
