@@ -75,6 +75,46 @@ def _check_master_grad_supported(master_grad: bool) -> None:
                              "amp.master_grad=false and accept fp16 gradients")
 
 
+def keep_layers_fp32(model, names) -> list:
+    """Run the sublayers ``names`` of ``model`` (``amp.fp32_layers``) in fp32: each one's forward inside
+    ``paddle.amp.auto_cast(enable=False)`` with its low-precision tensor inputs cast to float32 (in the
+    emulation that region computes unrounded, zoo/amp/emulation.py ``suspended``); at O2 they are also
+    left out of ``paddle.amp.decorate`` (``excluded_layers``), so their parameters stay fp32. For the one
+    layer that overflows where the op list cannot say it (a conv, the op that carries most of the
+    compute). Returns the layers; an unknown name is one error listing the nearest names."""
+    if not names:
+        return []
+    inner = getattr(model, "_layers", model)  # paddle.DataParallel keeps the model here
+    layers = dict(inner.named_sublayers())
+    out = []
+    for name in names:
+        if name not in layers:
+            import difflib
+
+            near = difflib.get_close_matches(name, list(layers), n=3, cutoff=0.5)
+            raise AmpConfigError(f"amp.fp32_layers: no sublayer {name!r} in {type(inner).__name__}"
+                                 + (f"; nearest: {', '.join(near)}" if near else ""))
+        layer = layers[name]
+        if not getattr(layer, "_zoo_fp32", False):
+            _wrap_fp32(layer)
+        out.append(layer)
+    return out
+
+
+def _wrap_fp32(layer) -> None:
+    forward = layer.forward
+
+    def fp32_forward(*args, **kwargs):
+        def up(x):
+            return x.astype("float32") if isinstance(x, paddle.Tensor) and x.is_floating_point() else x
+
+        with paddle.amp.auto_cast(enable=False):  # looked up now: the emulation's wrapper when installed
+            return forward(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+
+    layer.forward = fp32_forward
+    layer._zoo_fp32 = True
+
+
 class Amp:
     """Autocast, O2 decoration and loss scaling behind one interface.
 
@@ -90,7 +130,7 @@ class Amp:
                  decr_ratio: float = 0.5, incr_every_n_steps: int = 2000,
                  decr_every_n_nan_or_inf: int = 1, use_dynamic_loss_scaling: bool = True,
                  on_unsupported: str = "emulate", guard: dict | None = None,
-                 emulation: dict | None = None):
+                 emulation: dict | None = None, fp32_layers=()):
         _check(isinstance(enabled, bool), "enabled", "true or false", enabled)
         _check(level in LEVELS, "level", f"one of {', '.join(LEVELS)}", level)
         _check(dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}", dtype)
@@ -104,6 +144,9 @@ class Amp:
             for op in lst:  # Paddle ignores a name it never meets: a typo would silently change nothing
                 if (problem := unknown_op(op)) is not None:
                     raise AmpConfigError(f"amp.{key}: {problem}")
+        _check(not isinstance(fp32_layers, str) and all(isinstance(n, str) and n for n in fp32_layers),
+               "fp32_layers", "a list of sublayer names (e.g. head.binarize.conv1)", fp32_layers)
+        self.fp32_layers = list(fp32_layers)
         self.name = name
         self.enabled = enabled and level != "O0"
         self.level, self.dtype = level, dtype
@@ -192,10 +235,11 @@ class Amp:
         self.resolve(device)
         if not self.active:
             return model, optimizer
+        kept = keep_layers_fp32(model, self.fp32_layers)
         if self.level == "O2" and self.emulated:
             # Emulation keeps fp32 master parameters itself and rounds the ones decorate would cast
             # wherever they are used; without master_grad their gradients are stored low too.
-            mark_o2_parameters(model, self.dtype)
+            mark_o2_parameters(model, self.dtype, exclude=kept)
             stored_low = not self.master_grad and self.emulation.backward
             self._low_grads = low_precision_parameters(model.parameters()) if stored_low else []
         elif self.level == "O2":
@@ -204,7 +248,8 @@ class Amp:
             # the same); master_grad accumulates fp32 grads (PaddleDetection PR #8305).
             out = paddle.amp.decorate(
                 models=model, optimizers=optimizer, level="O2", dtype=self.dtype,
-                master_weight=self.master_weight, save_dtype="float32", master_grad=self.master_grad)
+                master_weight=self.master_weight, save_dtype="float32", master_grad=self.master_grad,
+                excluded_layers=kept or None)
             model, optimizer = out if optimizer is not None else (out, None)
         if self.dtype == "float16" and optimizer is not None:  # Paddle's scaler is off for bf16
             self.scaler = make_grad_scaler(self.emulated, **self.scaler_args)

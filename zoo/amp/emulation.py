@@ -278,13 +278,15 @@ def _map_kwargs(kwargs: dict, fn, only_x: bool) -> dict:
     return out
 
 
-def mark_o2_parameters(model, dtype: str) -> int:
-    """Tag the parameters ``paddle.amp.decorate(level='O2')`` would cast; returns how many."""
+def mark_o2_parameters(model, dtype: str, exclude=()) -> int:
+    """Tag the parameters ``paddle.amp.decorate(level='O2')`` would cast; returns how many.
+    ``exclude``: layers decorate was told to leave alone (its ``excluded_layers``), with their sublayers."""
     from paddle.amp.auto_cast import need_keep_fp32
 
+    skipped = {id(s) for layer in exclude for s in layer.sublayers(include_self=True)}
     count = 0
     for layer in model.sublayers(include_self=True):
-        if need_keep_fp32(layer, dtype):
+        if need_keep_fp32(layer, dtype) or id(layer) in skipped:
             continue
         for p in layer.parameters(include_sublayers=False):
             if p.dtype in _FLOAT:

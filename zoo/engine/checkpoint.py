@@ -64,7 +64,8 @@ SAFE_PREFIXES_ON_RESUME = ("published.",)
 # absent from a saved config and set to it now, they are no change.
 ADDED_KEYS = {"trainer.drop_last": True,
               # the classification data configs list these since issue 37 (the crop and no Mixup of before)
-              "data.builder.crop_sampler": "torchvision", "data.builder.mixup_alpha": None}
+              "data.builder.crop_sampler": "torchvision", "data.builder.mixup_alpha": None,
+              "amp.fp32_layers": []}  # no layer kept fp32: what every run did before the key (issue 36)
 
 
 def checkpoint_config(cfg) -> str:
