@@ -82,7 +82,9 @@ class DBTask(Task):
         """Train-mode forward and the DB loss dict (float32 whatever the autocast state). The whole
         output goes to the loss: PFHeadLocal's ``cbn_maps`` adds a term (zoo/losses/db_loss.py)."""
         out = model(batch["image"])
-        return self.loss(dict(out) if isinstance(out, Mapping) else out, batch)
+        if isinstance(out, Mapping) and "cbn_maps" in out:
+            return self.loss(dict(out), batch)
+        return self.loss(self._maps(out), batch)  # the bare maps, as before PFHeadLocal (trainer.compile traces this)
 
     def predict(self, model, batch) -> list[tuple]:
         """Eval-mode forward and post-processing: ``(boxes, scores)`` per image, source pixels. A batch
