@@ -109,3 +109,17 @@ def test_the_readme_quotes_the_quick_runs_own_figures():
     quoted = re.search(r"model=db_det amp=O1` takes about (\d+) min", readme)
     assert quoted, "README: say how long the quick run takes (about N min)"
     assert abs(int(quoted.group(1)) - int(minutes.group(1))) <= 1, (quoted.group(0), row[9])
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_evaluation_says_so(two_runs, tmp_path):
+    run = tmp_path / "stopped"
+    shutil.copytree(two_runs / "O1", run)
+    s = json.loads((run / "summary.json").read_text())
+    s.update(status="stopped_by_guard", steps=92)
+    s["primary_metric"]["value"], s["metrics"] = None, {}  # as the guard's stop writes it
+    (run / "summary.json").write_text(json.dumps(s))
+    res = run_tool(["tools/report.py", str(run), "--runs-table"], cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    row = _rows(res.stdout)["stopped"]
+    assert row[3] == "not evaluated: stopped_by_guard at step 92" and row[4] == "-" and row[5] == "**-**"

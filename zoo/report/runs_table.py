@@ -56,8 +56,11 @@ def _row(run: Run, parts: list[str]) -> list[str]:
     evaluated_in = pm.get("evaluated_in") or s.get("effective_precision")
     metrics = s.get("metrics_fp32_eval") if evaluated_in == "fp32" and s.get("metrics_fp32_eval") else s.get("metrics", {})
     numerics = s.get("eval_numerics_fp32") if evaluated_in == "fp32" and s.get("eval_numerics_fp32") else s.get("eval_numerics")
+    if pm.get("value") is None:  # stopped before its final evaluation (the guard, an interrupt)
+        evaluated_in = f"not evaluated: {s.get('status', '?')} at step {s.get('steps', '?')}"
+        metrics = {}
     cells = [f"`{run.path.name}`", str(s.get("git_revision", "?"))[:7], _effective(s), evaluated_in,
-             _nonfinite(numerics)]
+             _nonfinite(numerics) if pm.get("value") is not None else "-"]
     cells += [(f"**{_pp(metrics.get(p))}**" if p == pm["name"] else _pp(metrics.get(p))) for p in parts]
     train_eval = s.get("primary_metric_train_precision_eval")
     if evaluated_in == "fp32" and train_eval and s.get("effective_precision") != "fp32":
