@@ -86,3 +86,19 @@ def test_fp32_runs_ignore_the_setting():
     forward = net.big.forward
     amp.setup(net, None, CPU)
     assert net.big.forward == forward
+
+
+def test_the_doctor_names_few_compute_layers_and_black_lists_the_rest():
+    """A conv overflowing in one layer gets amp.fp32_layers (the type's black list tried next); an
+    elementwise op, or a conv in many layers, gets the black list (zoo/diagnostics/prescribe.py)."""
+    from types import SimpleNamespace
+
+    from zoo.diagnostics.prescribe import fix_lines
+
+    amp = _amp(custom_black_list=["exp"], fp32_layers=["neck.a"])
+    rec = lambda layer: SimpleNamespace(layer=layer)  # noqa: E731
+    assert fix_lines(amp, "conv2d", [rec("head.binarize.conv1")]) == (
+        "amp.fp32_layers=[neck.a,head.binarize.conv1]", ["amp.custom_black_list=[conv2d,exp]"])
+    assert fix_lines(amp, "exp", [rec("head")]) == ("amp.custom_black_list=[exp]", [])
+    many = [rec(f"b.{i}") for i in range(4)]
+    assert fix_lines(amp, "conv2d", many) == ("amp.custom_black_list=[conv2d,exp]", [])

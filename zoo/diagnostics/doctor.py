@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zoo.amp import emulation as emu
+from zoo.amp.amp import keep_layers_fp32
 from zoo.amp.capability import DeviceInfo
 from zoo.diagnostics.numerics import FORMATS, Stats, cosine, relative_error
 from zoo.diagnostics.eval_findings import eval_batch_count, examine_eval
@@ -70,8 +71,9 @@ def measure(model, task, optimizer, batches, amp) -> Run:
     rule = emu.Emulation(amp.level, amp.dtype, amp.white, amp.black, forward=False, backward=False)
     zero = FORMATS[amp.dtype].min_subnormal / 2
     low = set()
+    kept = keep_layers_fp32(model, amp.fp32_layers)  # amp.fp32_layers: those layers' ops are not low
     if amp.level == "O2":
-        emu.mark_o2_parameters(model, amp.dtype)
+        emu.mark_o2_parameters(model, amp.dtype, exclude=kept)
         if not amp.master_grad:
             ids = {id(p) for p in emu.low_precision_parameters(model.parameters())}
             low = {n for n, p in model.named_parameters() if id(p) in ids}

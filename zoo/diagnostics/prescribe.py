@@ -23,6 +23,23 @@ def black_list_line(amp, op: str) -> str:
     return f"amp.custom_black_list=[{','.join(names)}]"
 
 
+# Ops that carry a network's compute: black-listing one by type leaves almost nothing in low precision,
+# so when few layers are at fault they are kept fp32 by name instead (amp.fp32_layers), the type next.
+COMPUTE_OPS = {"conv2d", "depthwise_conv2d", "conv2d_transpose", "matmul", "matmul_v2", "linear"}
+MAX_NAMED_LAYERS = 3
+
+
+def fix_lines(amp, op: str, recs) -> tuple[str, list[str]]:
+    """The fix for ``op`` overflowing in the layers of ``recs``, and the lines tried after it: for a
+    compute op in at most :data:`MAX_NAMED_LAYERS` layers, ``amp.fp32_layers=[...]`` (those layers
+    added to the config's), then the black list; otherwise the black list."""
+    layers = list(dict.fromkeys(r.layer for r in recs))
+    if op in COMPUTE_OPS and len(layers) <= MAX_NAMED_LAYERS and all(layers):
+        names = list(dict.fromkeys([*getattr(amp, "fp32_layers", []), *layers]))
+        return f"amp.fp32_layers=[{','.join(names)}]", [black_list_line(amp, op)]
+    return black_list_line(amp, op), []
+
+
 def _layers(recs, n=3) -> str:
     names = [f"{r.layer} ({r.layer_type})" for r in recs[:n]]
     return ", ".join(names) + (f" and {len(recs) - n} more" if len(recs) > n else "")
@@ -43,13 +60,14 @@ def forward_overflow(records, amp, fmt) -> list[dict]:
         nan = (" Its backward is computed from that inf output (inf * 0 = NaN), so every gradient is "
                "NaN and every step is skipped." if op in emu._OUTPUT_GRAD else
                " The inf reaches the loss or its gradients and the scaler skips the step.")
+        fix, candidates = fix_lines(amp, op, recs)
         out.append(_finding(
             "will fail", f"{op} overflows {fmt.name} in the forward: {_layers(recs)}",
             f"max |{op}| = {recs[0].out.max_abs:.3g} > {fmt.max:g} ({share:.2%} of its outputs), computed "
             f"in {fmt.name} ({recs[0].mode}-list op at {amp.level}); no loss scale changes a forward "
             f"value.{nan}" + (f" Downstream, fed by it: {', '.join(after)}." if after else ""),
-            black_list_line(amp, op), kind=f"forward overflow {op}", op=op, layers=[r.key for r in recs],
-            max_abs=recs[0].out.max_abs))
+            fix, kind=f"forward overflow {op}", op=op, layers=[r.key for r in recs],
+            max_abs=recs[0].out.max_abs, candidates=candidates))
     return out
 
 
@@ -59,10 +77,11 @@ def near_overflow(records, amp, fmt) -> list[dict]:
     if not recs or fmt.name != "fp16":
         return []
     r = recs[0]
+    fix, candidates = fix_lines(amp, r.op, [x for x in recs if x.op == r.op])
     return [_finding("risky", f"{len(recs)} op outputs within {HEADROOM:g}x of the {fmt.name} max: {_layers(recs)}",
                      f"max |{r.op}| = {r.out.max_abs:.3g} (limit {fmt.max:g}) over the measured "
-                     "steps; activations usually grow as training proceeds", black_list_line(amp, r.op),
-                     kind="near overflow", layers=[x.key for x in recs])]
+                     "steps; activations usually grow as training proceeds", fix,
+                     kind="near overflow", layers=[x.key for x in recs], candidates=candidates)]
 
 
 def bf16_findings(records, amp, fmt) -> list[dict]:
