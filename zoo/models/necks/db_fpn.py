@@ -14,7 +14,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-__all__ = ["DBFPN", "upsample_nearest"]
+__all__ = ["DBFPN", "top_down", "upsample_nearest"]
 
 
 def _conv(in_ch, out_ch, kernel):
@@ -29,6 +29,17 @@ def upsample_nearest(x, factor):
     attribute of nearest_interp, but converts the size form, dynamic input sizes included."""
     shape = paddle.shape(x)
     return F.interpolate(x, size=[shape[2] * factor, shape[3] * factor], mode="nearest")
+
+
+def top_down(lateral, feats):
+    """The lateral convs ``lateral[0..3]`` on ``feats`` = [c2, c3, c4, c5], called deepest first (as
+    upstream calls them: the order a traced program uses the weights in), summed top-down with 2x
+    nearest upsampling; returns (in5, out4, out3, out2). RSEFPN and LKPAN share it."""
+    c2, c3, c4, c5 = feats
+    in5, in4, in3, in2 = lateral[3](c5), lateral[2](c4), lateral[1](c3), lateral[0](c2)
+    out4 = in4 + upsample_nearest(in5, 2)
+    out3 = in3 + upsample_nearest(out4, 2)
+    return in5, out4, out3, in2 + upsample_nearest(out3, 2)
 
 
 class DBFPN(nn.Layer):

@@ -20,7 +20,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from zoo.models.necks.db_fpn import upsample_nearest
+from zoo.models.necks.db_fpn import top_down, upsample_nearest
 
 __all__ = ["IntraCLBlock", "LKPAN"]
 
@@ -97,15 +97,7 @@ class LKPAN(nn.Layer):
 
     def forward(self, feats):
         """``feats`` = [c2, c3, c4, c5]; returns [N, out_channels, H/4, W/4]."""
-        c2, c3, c4, c5 = feats
-        # Deepest first, as upstream calls them (the order a traced program uses the weights in).
-        in5 = self.ins_conv[3](c5)
-        in4 = self.ins_conv[2](c4)
-        in3 = self.ins_conv[1](c3)
-        in2 = self.ins_conv[0](c2)
-        out4 = in4 + upsample_nearest(in5, 2)
-        out3 = in3 + upsample_nearest(out4, 2)
-        out2 = in2 + upsample_nearest(out3, 2)
+        in5, out4, out3, out2 = top_down(self.ins_conv, feats)
         f5 = self.inp_conv[3](in5)
         f4 = self.inp_conv[2](out4)
         f3 = self.inp_conv[1](out3)
