@@ -38,7 +38,7 @@ import os, runpy, signal, sys
 sys.path[:0] = [{root!r}, {tools!r}]
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.trainer import Trainer
-real_step, real_save, when = Trainer.train_step, ckpt.atomic_save, {when!r}
+real_step, real_save, when, saved = Trainer.train_step, ckpt.atomic_save, {when!r}, []
 def train_step(self, batch):
     if self.step == 2:
         os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, during step 3
@@ -47,16 +47,23 @@ def atomic_save(obj, path):
     if obj["step"] == 3 and when == "before the rename":
         os.kill(os.getpid(), signal.SIGINT)
     out = real_save(obj, path)
+    saved.append(obj["step"])
     if obj["step"] == 3 and when == "after the rename":
         os.kill(os.getpid(), signal.SIGINT)
     return out
-Trainer.train_step, ckpt.atomic_save = train_step, atomic_save
+real_last = ckpt.last_checkpoint
+def last_checkpoint(out_dir):  # called while the stop's line is put together
+    if when == "while the line is written" and saved[-1:] == [3]:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_last(out_dir)
+Trainer.train_step, ckpt.atomic_save, ckpt.last_checkpoint = train_step, atomic_save, last_checkpoint
 sys.argv = [{train!r}, *sys.argv[1:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("when, kept", [("before the rename", 2), ("after the rename", 3)])
+@pytest.mark.parametrize("when, kept", [("before the rename", 2), ("after the rename", 3),
+                                        ("while the line is written", 3)])
 def test_second_sigint_while_the_checkpoint_is_written_names_the_kept_step_and_the_command(
         tmp_path, ampzoo_home, when, kept):
     driver = tmp_path / "driver.py"
@@ -72,8 +79,10 @@ def test_second_sigint_while_the_checkpoint_is_written_names_the_kept_step_and_t
     line = proc.stderr.strip().splitlines()[-1]
     where = (f"the checkpoint of step 2 is kept ({last}; step 3 not saved)" if kept == 2
              else f"checkpoint saved to {last}")
+    # a signal after the checkpoint, while the line is written, changes nothing: the run stopped whole
+    how = "" if when == "while the line is written" else " by a second SIGINT, at once"
     command = shlex.join(["python", "tools/train.py", *args, "trainer.resume=auto"])
-    assert line == (f"interrupted at step 3 by a second SIGINT, at once; {where}, resume with "
+    assert line == (f"interrupted at step 3{how}; {where}, resume with "
                     f"trainer.resume=auto: {command}")
     assert ckpt.load(last)["step"] == kept
     # the command as printed resumes from that step and finishes the run

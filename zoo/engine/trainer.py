@@ -24,7 +24,8 @@ from zoo.engine.evaluate import draw_samples, evaluate, nonfinite_line
 from zoo.engine.metrics_log import MetricsLog
 from zoo.engine.resume import ResumePlan, mark_continued
 from zoo.engine.resume_hint import resume_command
-from zoo.engine.signals import StopRequested, StopRequests, TrainingInterrupted, forget_stop, record_stop
+from zoo.engine.signals import (StopRequested, StopRequests, TrainingInterrupted, forget_stop, ignoring_stop_signals,
+                                record_stop)
 from zoo.engine.summary import FitResult
 from zoo.utils import distributed as dist
 from zoo.utils.checks import COUNT, COUNT_OR_ZERO, POSITIVE, check_table, prefixed
@@ -229,14 +230,21 @@ class Trainer:
             except TrainingInterrupted:
                 raise
             except StopRequested as req:  # at a safe point: the state is whole, save it
+                signum, at_once = req.signum, False
                 try:
                     if self.step and self.saved_step != self.step:
                         self.save_checkpoint()
                 except KeyboardInterrupt as again:  # a second signal while it is written
-                    raise self._interrupted(getattr(again, "signum", req.signum), at_once=True) from None
-                raise self._interrupted(req.signum) from None
+                    signum, at_once = getattr(again, "signum", req.signum), True
+                # A further signal while the line is put together would escape unrecorded and be
+                # reported as a stop outside training: the line is the run's last words, finish it.
+                with ignoring_stop_signals():
+                    stopped = self._interrupted(signum, at_once=at_once)
+                raise stopped from None
             except KeyboardInterrupt as e:  # a second signal, or one outside the handlers' reach
-                raise self._interrupted(getattr(e, "signum", signal.SIGINT), at_once=True) from None
+                with ignoring_stop_signals():
+                    stopped = self._interrupted(getattr(e, "signum", signal.SIGINT), at_once=True)
+                raise stopped from None
             finally:
                 self.stop = StopRequests(enabled=False)
 
