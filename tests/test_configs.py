@@ -278,7 +278,8 @@ def test_parity_experiments_change_only_what_they_say(model, expected, amp):
 
 def test_parity_schedules_end_at_zero_lr():
     for overrides in (["experiment=parity_db_det"], ["experiment=parity_resnet18"],
-                      ["experiment=parity_ppyoloe_s_ft", "finetune_from=x"]):
+                      ["experiment=parity_ppyoloe_s_ft", "finetune_from=x"],
+                      ["experiment=parity_ppocrv4_mobile_det_ft"]):
         cfg = compose(overrides)
         sched = instantiate(cfg.sched)(base_lr=cfg.optim.lr, total_steps=cfg.trainer.max_steps, steps_per_epoch=10)
         lrs = []
@@ -302,6 +303,20 @@ def test_parity_db_det_ft_is_parity_db_det_from_one_base(tmp_path):
     assert missing.returncode != 0
     assert "finetune_from: missing mandatory value; set it on the command line (finetune_from=...)" in missing.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("amp", ["fp32", "O1", "O2", "bf16_O1", "bf16_O2"])
+def test_parity_ppocrv4_mobile_det_ft_is_its_quick_run_on_500_images(amp):
+    """experiment=parity_ppocrv4_mobile_det_ft is model=ppocrv4_mobile_det (the official weights as the
+    common base, the model's recipe) scored on 500 validation images, without drawings; nothing else."""
+    quick = _flat(OmegaConf.to_container(compose(["model=ppocrv4_mobile_det", f"amp={amp}"]), resolve=True))
+    parity = _flat(OmegaConf.to_container(compose(["experiment=parity_ppocrv4_mobile_det_ft", f"amp={amp}"]),
+                                          resolve=True))
+    changed = {k: (quick.get(k), parity.get(k)) for k in quick.keys() | parity.keys()
+               if quick.get(k) != parity.get(k)}
+    assert changed == {"data.builder.num_val": (100, 500), "trainer.draw_samples": (8, 0)}
+    assert parity["model.net.pretrained"] == "PP-OCRv4_mobile_det_infer"
+    assert (parity.get("amp.fp32_layers") == ["head.binarize.conv1"]) == (amp in ("O1", "O2"))
 
 
 def test_parity_ppyoloe_s_ft_is_the_quick_run_fine_tuned_from_one_base():

@@ -85,8 +85,9 @@ def test_export_inference_saves_the_deploy_form(tmp_path):
 
 
 def test_export_names_and_record(tmp_path):
-    """ppocrv5_mobile_det from its training form: fused on export, PaddleX's v5 name in the yml."""
-    cfg = compose(["model=ppocrv5_mobile_det", "export.onnx=false"], "export")
+    """ppocrv5_mobile_det from its training form (random weights: the default would load deploy-form
+    ones): fused on export, PaddleX's v5 name in the yml."""
+    cfg = compose(["model=ppocrv5_mobile_det", "model.net.pretrained=null", "export.onnx=false"], "export")
     record = export_from_config(cfg, tmp_path, log=lambda *_: None)
     assert record["paddlex_model_name"] == "PP-OCRv5_mobile_det"
     assert record["reparameterised_layers"] == FUSED_LAYERS
@@ -154,7 +155,8 @@ def test_precision_check_judges_the_deploy_form(monkeypatch, tmp_path):
         raise Stop
 
     monkeypatch.setattr(from_config, "run_precision_check", fake_check)
-    cfg = compose(["model=ppocrv5_mobile_det", "export.onnx=false", "export.precision=fp16"], "export")
+    cfg = compose(["model=ppocrv5_mobile_det", "model.net.pretrained=null", "export.onnx=false",
+                   "export.precision=fp16"], "export")
     with pytest.raises(Stop):
         export_from_config(cfg, tmp_path / "out", log=lambda *_: None)
     assert seen["precision"] == "fp16"

@@ -94,6 +94,17 @@ def build(node: DictConfig, key: str, **kwargs):
         raise ConfigError(msg if msg.split(":")[0].startswith(key.split(".")[0]) else f"{key}: {msg}") from cause
 
 
+def announce_pretrained_fallback(model, key: str = "model.net") -> None:
+    """A ``warning:`` line on the console (and the log) when ``model`` started from its
+    ``pretrained_fallback`` because ``pretrained`` could not be downloaded (zoo.create_model)."""
+    report = getattr(model, "pretrained_report", None) or {}
+    if report.get("fallback_reason"):
+        announce(f"warning: {key}.pretrained={report['requested']} could not be downloaded "
+                 f"({report['fallback_reason']}); starting from {key}.pretrained_fallback instead: "
+                 f"{report['file']} (summary.json pretrained; {key}.pretrained_fallback=null makes this an error)",
+                 sys.stderr, logging.WARNING)
+
+
 # Every number of a run's config with a rule, by its key: validate() checks each key the composed
 # config holds before anything is built. The amp, guard, trainer and schedule rules are the tables
 # those modules check their own arguments with; the model and data rules cover what the models'
@@ -269,6 +280,7 @@ def build_trainer(cfg: DictConfig, out_dir: Path, command_line=None) -> tuple[Tr
         raise ConfigError(f"data.num_classes: {cfg.data.num_classes}, but data={cfg.data.name} has "
                           f"{len(names)} classes ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
     model = build(cfg.model.net, "model.net")
+    announce_pretrained_fallback(model)
     task = build(cfg.model.task, "model.task")
     per_epoch = len(train_set) // (cfg.model.batch_size * dist.world_size())
     if not settings.drop_last:  # the partial batch counts (TrainBatchSampler pads the ranks to equal shares)

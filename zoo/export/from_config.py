@@ -19,7 +19,7 @@ import paddle
 import zoo
 from zoo.engine.checkpoint import check_fits
 from zoo.engine.from_run import resolve_weights, run_source
-from zoo.engine.run import ConfigError, build, check_numbers, seed_everything
+from zoo.engine.run import ConfigError, announce_pretrained_fallback, build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
 from zoo.export.checked_export import (
     PLOT,
@@ -212,10 +212,15 @@ def _load(cfg):
                           f"known: {', '.join(zoo.list_models())}")
     seed_everything(cfg.seed)
     model = build(cfg.model.net, "model.net")
-    source = "model initialisation" + (f" (pretrained={cfg.model.net.pretrained})"
-                                       if cfg.model.net.get("pretrained") else " (random)")
+    fallback = (getattr(model, "pretrained_report", None) or {}).get("fallback_reason")
+    source = "model initialisation" + (
+        f" (pretrained_fallback={cfg.model.net.pretrained_fallback}: pretrained={cfg.model.net.pretrained} "
+        "could not be downloaded)" if fallback
+        else f" (pretrained={cfg.model.net.pretrained})" if cfg.model.net.get("pretrained") else " (random)")
     given = run_source(cfg, "weights")
-    if given is not None:
+    if given is None:  # the initialisation is what is exported
+        announce_pretrained_fallback(model)
+    else:
         key, value = given
         if not Path(value).exists():
             raise ExportError(f"{key}: {value} does not exist (a run folder, .pdckpt or .pdparams)")

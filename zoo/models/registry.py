@@ -14,6 +14,7 @@ from typing import Callable
 
 import paddle
 
+from zoo.weights.hub import DownloadError
 from zoo.weights.loading import load_checkpoint, load_record, resolve_checkpoint_path
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ def list_models(pattern: str | None = None) -> list[str]:
     return names
 
 
-def create_model(name: str, pretrained=None, strict: bool | None = None, **overrides) -> paddle.nn.Layer:
+def create_model(name: str, pretrained=None, strict: bool | None = None, pretrained_fallback=None,
+                 **overrides) -> paddle.nn.Layer:
     """Build the registered model ``name`` with ``overrides`` as constructor kwargs.
 
     ``pretrained`` is ``None`` (or ``False``) for random initialisation, a local weights file, an
@@ -58,6 +60,11 @@ def create_model(name: str, pretrained=None, strict: bool | None = None, **overr
     loads whatever matches. The load report is kept as ``model.pretrained_report`` (file, sha256,
     matched/missing/unexpected/shape_mismatch counts). Unknown names raise :class:`UnknownModelError`; a missing file raises
     ``FileNotFoundError``.
+
+    ``pretrained_fallback``: weights to start from instead when ``pretrained`` cannot be downloaded
+    (:class:`zoo.weights.hub.DownloadError`: no network, an HTTP error); never for any other failure
+    (a wrong checksum, a missing file). The switch is a warning naming both and the reason, and the
+    load report keeps ``requested`` and ``fallback_reason``, so summary.json says what a run started from.
     """
     if name not in _MODEL_REGISTRY:
         raise UnknownModelError(
@@ -65,8 +72,18 @@ def create_model(name: str, pretrained=None, strict: bool | None = None, **overr
         )
     # Validate (and fetch) the checkpoint before paying for model construction.
     path = spec = None
+    fell_back = None
     if pretrained is not None and pretrained is not False:
-        path, spec = resolve_checkpoint_path(pretrained)
+        try:
+            path, spec = resolve_checkpoint_path(pretrained)
+        except DownloadError as err:
+            if pretrained_fallback is None or pretrained_fallback is False:
+                raise
+            fell_back = {"requested": str(pretrained), "fallback_reason": str(err)}
+            logger.warning("pretrained=%s could not be downloaded (%s); starting from pretrained_fallback=%s "
+                           "instead (pretrained_fallback=null makes a failed download an error)",
+                           pretrained, err, pretrained_fallback)
+            path, spec = resolve_checkpoint_path(pretrained_fallback)
         if spec is not None and spec.model != name:
             logger.warning("pretrained=%s is made for model '%s', loading it into '%s'", spec.name, spec.model, name)
     model = _MODEL_REGISTRY[name](**overrides)
@@ -74,5 +91,5 @@ def create_model(name: str, pretrained=None, strict: bool | None = None, **overr
     if path is not None:
         report = load_checkpoint(model, path, strict=strict, key_adapter=spec.key_adapter if spec else None,
                                  member=spec.member if spec else None)
-        model.pretrained_report = load_record(path, report)
+        model.pretrained_report = {**load_record(path, report), **(fell_back or {})}
     return model
