@@ -59,6 +59,33 @@ def test_loss_scale_floor_stops_when_asked(tiny_cfg, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "stopped_by_guard"
 
 
+def test_fp16_stops_at_the_floor_by_default_and_warn_says_so_in_the_closing_line(tiny_cfg, tmp_path):
+    """Below amp.guard.min_loss_scale fp16 training is lost (an O2 fine-tune went on at 7e-9 to hmean 0,
+    issue 36): O1/O2 stop there unless told to warn, and a run that only warned says in its closing
+    line where the scale fell, how long it stayed there and how low it went."""
+    from omegaconf import OmegaConf
+
+    from zoo.engine.run import result_line
+
+    floor = f"amp.guard.min_loss_scale={2.0**30}"  # the dynamic scale from 2^40 passes under it calibrating
+    for level in ("O1", "O2"):
+        assert OmegaConf.load(f"configs/amp/{level}.yaml").guard.on_min_loss_scale == "stop"
+    with pytest.raises(GuardStopped, match="fell below amp.guard.min_loss_scale"):
+        train(tiny_cfg("amp=O1", HUGE, "trainer.max_steps=30", floor), tmp_path / "stop")
+    summary = train(tiny_cfg("amp=O1", HUGE, "trainer.max_steps=30", floor, "amp.guard.on_min_loss_scale=warn"),
+                    tmp_path / "warn")
+    below = summary["loss_scale_below_floor"]
+    scales = [r["loss_scale"] for r in read_metrics(tmp_path / "warn" / "metrics.jsonl", "train")]
+    assert below["floor"] == 2.0**30 and below["lowest"] == min(scales)
+    assert below["steps"] == 30 - below["first_step"] + 1  # it never came back above the floor
+    line = result_line(summary, 30)
+    assert (f"the loss scale fell below amp.guard.min_loss_scale={2.0**30:g} at step {below['first_step']} and "
+            f"stayed under it for {below['steps']} steps, down to {below['lowest']:g}") in line
+    assert f"{summary['skipped_steps']} steps skipped" in line
+    quiet = train(tiny_cfg("amp=O1", "trainer.max_steps=4"), tmp_path / "quiet")
+    assert quiet["loss_scale_below_floor"] is None and "loss scale" not in result_line(quiet, 4)
+
+
 def test_first_nonfinite_layer_is_named():
     conv = paddle.nn.Conv2D(1, 1, 1, bias_attr=False)
     conv.weight.set_value(paddle.full([1, 1, 1, 1], 2.0))

@@ -70,6 +70,8 @@ class NumericsGuard:
         self._first_bad: str | None = None
         self._hooks: list = []
         self._warned_scale = False
+        # the loss scale under min_loss_scale: floor, first step, steps below, lowest scale (None: never)
+        self.below_floor: dict | None = None
 
     # ---- forward hooks (only when find_nonfinite_layer) --------------------------------------
     def attach(self, model) -> None:
@@ -113,6 +115,11 @@ class NumericsGuard:
         if loss_scale is not None and loss_scale < self.min_scale:
             new.append({"step": step, "event": "loss_scale_below_floor", "loss_scale": loss_scale,
                         "floor": self.min_scale})
+            below = self.below_floor or {"floor": self.min_scale, "first_step": step, "steps": 0,
+                                         "lowest": loss_scale}
+            below["steps"] += 1
+            below["lowest"] = min(below["lowest"], loss_scale)
+            self.below_floor = below
         self.events.extend(new)
         for e in new:
             if e["event"] == "skipped_step":

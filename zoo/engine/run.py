@@ -404,6 +404,12 @@ def result_line(summary: dict, steps: int) -> str:
         said = describe_nonfinite(summary.get(key))
         if said and not (key == "eval_numerics_fp32" and trained == "fp32"):
             line += f"; in the {where} evaluation {said} (summary.json {key})"
+    below = summary.get("loss_scale_below_floor")
+    if below:  # amp.guard.on_min_loss_scale=warn let the run go on: say how far the scale fell
+        line += (f"; the loss scale fell below amp.guard.min_loss_scale={below['floor']:g} at step "
+                 f"{below['first_step']} and stayed under it for {below['steps']} steps, down to "
+                 f"{below['lowest']:g}: gradients overflowed even unscaled, {summary.get('skipped_steps', 0)} "
+                 f"steps skipped (summary.json loss_scale_below_floor)")
     return line
 
 

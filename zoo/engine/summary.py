@@ -80,6 +80,7 @@ class RunSummary:
     git_revision: str
     primary_metric: dict
     metrics: dict = field(default_factory=dict)
+    loss_scale_below_floor: dict | None = None  # first step, steps below, lowest scale (NumericsGuard)
     # set by a completed run (None when the guard stopped it)
     compiled: bool | None = None
     compiled_scope: str | None = None
@@ -138,6 +139,7 @@ def _common(cfg, trainer, facts: RunFacts, out_dir: Path, status: str, wall_s: f
         all_steps_skipped=trainer.step > 0 and amp.skipped_steps >= trainer.step,
         final_loss_scale=amp.loss_scale, loss_scaler=amp.scaler_args if amp.scaler else None,
         guard_events=trainer.guard.events[-100:], guard_event_count=len(trainer.guard.events),
+        loss_scale_below_floor=trainer.guard.below_floor,
         paddle_version=paddle.__version__, git_revision=git_revision(), primary_metric=primary_metric,
         metrics=metrics)
 
