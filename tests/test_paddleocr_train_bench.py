@@ -192,17 +192,22 @@ def test_cli_refuses_a_missing_source_tree(tmp_path):
     assert r.returncode == 2 and "not a PaddleOCR source tree" in r.stderr
 
 
+def _two_steps(tmp_path, *overrides) -> dict:
+    """Both training commands for 2 steps of batch 2 with a real PaddleOCR checkout; the result JSON."""
+    out = tmp_path / "r.json"
+    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", os.environ["AMPZOO_PADDLEOCR_SRC"],
+                  "--steps", "2", "--warmup", "1", "--repeats", "1", "--work", str(tmp_path / "w"),
+                  "--out", str(out), *overrides, "model.batch_size=2"], cwd=ROOT, env_extra={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("AMPZOO_PADDLEOCR_SRC"),
                     reason="set AMPZOO_PADDLEOCR_SRC to a PaddleOCR checkout (and AMPZOO_PADDLEOCR_PYTHON to a "
                            "python with its training requirements and the zoo's Paddle)")
 def test_both_training_commands_run_two_steps(tmp_path):
-    out = tmp_path / "r.json"
-    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", os.environ["AMPZOO_PADDLEOCR_SRC"],
-                  "--steps", "2", "--warmup", "1", "--repeats", "1", "--work", str(tmp_path / "w"),
-                  "--out", str(out), "model.batch_size=2"], cwd=ROOT, env_extra={"OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = _two_steps(tmp_path)
     assert res["images"] == 4 and res["batch_size"] == 2 and res["crop_size"] == 160
     for side in ("zoo", "paddleocr"):
         (run,) = res["runs"][side]
@@ -217,13 +222,7 @@ def test_both_training_commands_run_two_steps(tmp_path):
                     reason="set AMPZOO_PADDLEOCR_SRC to a PaddleOCR checkout (and AMPZOO_PADDLEOCR_PYTHON to a "
                            "python with its training requirements and the zoo's Paddle)")
 def test_ppocrv5_both_training_commands_run_two_steps_of_the_same_network(tmp_path):
-    out = tmp_path / "r.json"
-    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", os.environ["AMPZOO_PADDLEOCR_SRC"],
-                  "--steps", "2", "--warmup", "1", "--repeats", "1", "--work", str(tmp_path / "w"),
-                  "--out", str(out), "model=ppocrv5_mobile_det", "model.batch_size=2"], cwd=ROOT,
-                 env_extra={"OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = _two_steps(tmp_path, "model=ppocrv5_mobile_det")
     assert res["model"] == "ppocrv5_mobile_det" and res["images"] == 4 and res["crop_size"] == 160
     assert res["paddleocr_config_source"] == "configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml"
     assert res["zoo_params"]["parameters"] == res["paddleocr_params"]["parameters"] > 3_000_000
