@@ -190,6 +190,8 @@ def test_ppocrv5_zoo_command_starts_from_scratch_on_the_same_images():
 def test_cli_refuses_a_missing_source_tree(tmp_path):
     r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", str(tmp_path / "nowhere")], cwd=ROOT)
     assert r.returncode == 2 and "not a PaddleOCR source tree" in r.stderr
+    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", str(tmp_path), "model=resnet18"], cwd=ROOT)
+    assert r.returncode == 2 and "compares db_det, ppocrv5_mobile_det, got model=resnet18" in r.stderr
 
 
 def _two_steps(tmp_path, *overrides) -> dict:
