@@ -1,6 +1,6 @@
-"""tools/benchmark.py --train-against paddleocr (issue 15, last item): the PaddleOCR SimpleDataSet and
-config written from the zoo's synthetic_text set, the log parsing, and (with a PaddleOCR checkout)
-both training commands for 2 steps."""
+"""tools/benchmark.py --train-against paddleocr (issue 15, last item; model=ppocrv5_mobile_det: issue 36
+item 6): the PaddleOCR SimpleDataSet and config written from the zoo's synthetic_text set, the log
+parsing, and (with a PaddleOCR checkout) both training commands for 2 steps."""
 from __future__ import annotations
 
 import json
@@ -29,10 +29,26 @@ STAND_IN = {
 }
 
 
+# The keys of configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml that differ for the writer: upstream's
+# cosine schedule with warm-up and L2 (kept), CopyPaste and the maps around the crop.
+STAND_IN_V5 = {
+    **STAND_IN,
+    "Optimizer": {"name": "Adam", "beta1": 0.9, "beta2": 0.999,
+                  "lr": {"name": "Cosine", "learning_rate": 0.001, "warmup_epoch": 2},
+                  "regularizer": {"name": "L2", "factor": 5.0e-05}},
+    "Train": {**STAND_IN["Train"], "dataset": {
+        **STAND_IN["Train"]["dataset"],
+        "transforms": [{"DecodeImage": {"img_mode": "BGR"}}, {"DetLabelEncode": None}, {"CopyPaste": None},
+                       {"EastRandomCropData": {"size": [640, 640], "max_tries": 50, "keep_ratio": True}},
+                       {"MakeBorderMap": {"shrink_ratio": 0.4, "total_epoch": 500}}]}},
+}
+
+
 def _sources(tmp_path):
     stand_in = tmp_path / "pocr"
-    (stand_in / "configs" / "det").mkdir(parents=True)
+    (stand_in / "configs" / "det" / "PP-OCRv5").mkdir(parents=True)
     (stand_in / "configs" / "det" / "det_mv3_db.yml").write_text(yaml.safe_dump(STAND_IN))
+    (stand_in / "configs" / "det" / "PP-OCRv5" / "PP-OCRv5_mobile_det.yml").write_text(yaml.safe_dump(STAND_IN_V5))
     real = os.environ.get("AMPZOO_PADDLEOCR_SRC")
     return [stand_in] + ([Path(real)] if real else [])
 
@@ -95,6 +111,36 @@ def test_paddleocr_config_sets_crop_batch_step_limit_and_no_eval(tmp_path, gener
         assert cfg["Eval"]["dataset"]["label_file_list"] == [str(data["val"])]
 
 
+def test_ppocrv5_config_keeps_upstreams_optimizer_and_copy_paste(tmp_path, generated):
+    from zoo.bench import paddleocr_train as tb
+
+    data = tb.write_simple_dataset(generated, generated / "train_label.txt", generated / "val_label.txt",
+                                   tmp_path / "out", 6)
+    for k, src in enumerate(_sources(tmp_path)):
+        out = tmp_path / f"v5_{k}.yml"
+        tb.write_paddleocr_config(src, out, data, crop=160, batch=3, steps=2, seed=5, save_dir=tmp_path / "save",
+                                  model="ppocrv5_mobile_det")
+        cfg = yaml.safe_load(out.read_text())
+        g = cfg["Global"]
+        assert g["use_gpu"] is False and g["epoch_num"] == 1 and g["print_batch_step"] == 1 and g["seed"] == 5
+        assert g["pretrained_model"] is None and g["checkpoints"] is None and g["eval_batch_step"][0] >= 2
+        opt = cfg["Optimizer"]  # upstream's, as the zoo's ppocrv5_mobile_det config: cosine 1e-3, L2 5e-5
+        assert opt["lr"]["name"] == "Cosine" and opt["lr"]["learning_rate"] == 1e-3
+        assert opt["regularizer"] == {"name": "L2", "factor": 5e-5}
+        tr = cfg["Train"]
+        names = [next(iter(t)) for t in tr["dataset"]["transforms"]]
+        assert names[:3] == ["DecodeImage", "DetLabelEncode", "CopyPaste"] and "MakeBorderMap" in names
+        crop = [t["EastRandomCropData"] for t in tr["dataset"]["transforms"] if "EastRandomCropData" in t]
+        assert crop == [{**crop[0], "size": [160, 160]}]
+        assert tr["dataset"]["label_file_list"] == [str(data["train"])] and tr["loader"]["batch_size_per_card"] == 3
+        assert tr["loader"]["num_workers"] == 0 and tr["loader"]["drop_last"] is False
+    src = _sources(tmp_path / "other")[0]  # a config whose optimizer is not upstream's: refused
+    path = src / "configs" / "det" / "PP-OCRv5" / "PP-OCRv5_mobile_det.yml"
+    path.write_text(yaml.safe_dump({**STAND_IN_V5, "Optimizer": STAND_IN["Optimizer"]}))
+    with pytest.raises(AssertionError):
+        tb.write_paddleocr_config(src, tmp_path / "x.yml", data, 160, 3, 2, 5, tmp_path / "s", "ppocrv5_mobile_det")
+
+
 def test_step_times_from_both_logs():
     from zoo.bench import paddleocr_train as tb
 
@@ -121,9 +167,41 @@ def test_zoo_command_is_the_issue_command_on_the_same_images():
     assert cfg.data.builder.crop_size == 160  # the quick run's crop
 
 
+def test_ppocrv5_zoo_command_starts_from_scratch_on_the_same_images():
+    from zoo.bench import paddleocr_train as tb
+
+    assert tb.split_model(["model.batch_size=4"]) == ("db_det", ["model.batch_size=4"])
+    model, rest = tb.split_model(["model=ppocrv5_mobile_det", "model.batch_size=4"])
+    assert (model, rest) == ("ppocrv5_mobile_det", ["model.batch_size=4"])
+    with pytest.raises(ValueError, match="compares db_det, ppocrv5_mobile_det, got model=resnet18"):
+        tb.split_model(["model=resnet18"])
+    cmd = tb.zoo_command(ROOT / "tools" / "train.py", rest, 16, 64, Path("/r"), model)
+    assert cmd[2:6] == ["model=ppocrv5_mobile_det", "amp=fp32", "trainer.final_eval=false", "trainer.max_steps=16"]
+    assert cmd.index("model.net.pretrained=null") < cmd.index("model.batch_size=4")  # the caller's go last
+    cfg = tb.compose_zoo(CONFIG_DIR, ["model=ppocrv5_mobile_det", "model.batch_size=4"], 16)
+    assert cfg.model.name == "ppocrv5_mobile_det" and cfg.model.net.pretrained is None
+    assert cfg.data.builder.num_train == 64 and cfg.data.builder.crop_size == 160
+    assert cfg.data.builder.copy_paste is not None  # the v5 transforms, as upstream's CopyPaste
+    assert tb.launcher_report('x\nAMPZOO_PARAMS {"parameters": 3, "trainable": 2}\n', "AMPZOO_PARAMS") == \
+        {"parameters": 3, "trainable": 2}
+    assert tb.launcher_report("nothing", "AMPZOO_PARAMS") == {}
+
+
 def test_cli_refuses_a_missing_source_tree(tmp_path):
     r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", str(tmp_path / "nowhere")], cwd=ROOT)
     assert r.returncode == 2 and "not a PaddleOCR source tree" in r.stderr
+    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", str(tmp_path), "model=resnet18"], cwd=ROOT)
+    assert r.returncode == 2 and "compares db_det, ppocrv5_mobile_det, got model=resnet18" in r.stderr
+
+
+def _two_steps(tmp_path, *overrides) -> dict:
+    """Both training commands for 2 steps of batch 2 with a real PaddleOCR checkout; the result JSON."""
+    out = tmp_path / "r.json"
+    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", os.environ["AMPZOO_PADDLEOCR_SRC"],
+                  "--steps", "2", "--warmup", "1", "--repeats", "1", "--work", str(tmp_path / "w"),
+                  "--out", str(out), *overrides, "model.batch_size=2"], cwd=ROOT, env_extra={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 @pytest.mark.slow
@@ -131,12 +209,7 @@ def test_cli_refuses_a_missing_source_tree(tmp_path):
                     reason="set AMPZOO_PADDLEOCR_SRC to a PaddleOCR checkout (and AMPZOO_PADDLEOCR_PYTHON to a "
                            "python with its training requirements and the zoo's Paddle)")
 def test_both_training_commands_run_two_steps(tmp_path):
-    out = tmp_path / "r.json"
-    r = run_tool(["tools/benchmark.py", "--train-against", "paddleocr", os.environ["AMPZOO_PADDLEOCR_SRC"],
-                  "--steps", "2", "--warmup", "1", "--repeats", "1", "--work", str(tmp_path / "w"),
-                  "--out", str(out), "model.batch_size=2"], cwd=ROOT, env_extra={"OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = _two_steps(tmp_path)
     assert res["images"] == 4 and res["batch_size"] == 2 and res["crop_size"] == 160
     for side in ("zoo", "paddleocr"):
         (run,) = res["runs"][side]
@@ -144,3 +217,17 @@ def test_both_training_commands_run_two_steps(tmp_path):
     assert res["runs"]["paddleocr"][0]["paddle"]["version"] == res["paddle_version"]
     assert res["runs"]["paddleocr"][0]["dataset_errors"] == 0
     assert res["ratio"] == pytest.approx(res["zoo_images_per_s"] / res["paddleocr_images_per_s"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("AMPZOO_PADDLEOCR_SRC"),
+                    reason="set AMPZOO_PADDLEOCR_SRC to a PaddleOCR checkout (and AMPZOO_PADDLEOCR_PYTHON to a "
+                           "python with its training requirements and the zoo's Paddle)")
+def test_ppocrv5_both_training_commands_run_two_steps_of_the_same_network(tmp_path):
+    res = _two_steps(tmp_path, "model=ppocrv5_mobile_det")
+    assert res["model"] == "ppocrv5_mobile_det" and res["images"] == 4 and res["crop_size"] == 160
+    assert res["paddleocr_config_source"] == "configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml"
+    assert res["zoo_params"]["parameters"] == res["paddleocr_params"]["parameters"] > 3_000_000
+    (run,) = res["runs"]["paddleocr"]
+    assert run["dataset_errors"] == 0 and len(run["step_s"]) == 2
+    assert "model.net.pretrained=null" in res["commands"]["zoo"]

@@ -34,6 +34,21 @@ def _load(ds, i):
     return (img, *clip_polys_to_image(polys, ignore, *img.shape[:2])[:2])
 
 
+def test_copy_paste_is_a_stage_of_its_own(tmp_path):
+    from zoo.bench import pipeline as pb
+    from zoo.data.text_det.dataset import TextDetDataset
+
+    _write_root(tmp_path, n=3)
+    ds = TextDetDataset(tmp_path, tmp_path / "train.txt", "train", seed=0, crop_size=32,
+                        copy_paste={"objects_paste_ratio": 0.2, "limit_paste": True})
+    totals = pb.db_pass(ds, 3)
+    assert list(totals) == ["read_decode", "copy_paste", *pb.DB_STAGES[1:]] and totals["copy_paste"] > 0
+    # the PaddleOCR config each model's transforms are compared with
+    assert pb.paddleocr_config("ppocrv5_mobile_det").as_posix() == "configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml"
+    assert pb.paddleocr_config("db_det").as_posix() == pb.paddleocr_config("other_db").as_posix() \
+        == "configs/det/det_mv3_db.yml"
+
+
 def test_pipeline_benchmark_runs_and_skips_paddleocr_clearly(tmp_path):
     out = tmp_path / "r.json"
     r = run_tool(["tools/benchmark.py", "--pipeline", "--images", "4", "--passes", "1", "--workers", "0",
@@ -59,6 +74,11 @@ def test_paddleocr_worker_times_every_stage(tmp_path):
     assert w.ok, w.reason
     assert set(w.run()) == set(pb.DB_STAGES)
     w.close()
+    v5 = pb.PaddleOCRWorker(Path(os.environ["AMPZOO_PADDLEOCR_SRC"]), pb.default_python(), ds.label_file, ds.root,
+                            3, 32, 0, pb.paddleocr_config("ppocrv5_mobile_det").as_posix())
+    assert v5.ok, v5.reason
+    assert set(v5.run()) == {*pb.DB_STAGES, "copy_paste"}
+    v5.close()
 
 
 def test_pipeline_ab_alternates_two_arms():

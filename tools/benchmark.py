@@ -36,6 +36,10 @@ alternating the two commands ``--repeats`` times, OMP_NUM_THREADS=1, training im
 
     AMPZOO_PADDLEOCR_PYTHON=/tmp/pocr_venv/bin/python python tools/benchmark.py --train-against \
         paddleocr /tmp/paddleocr_src --steps 16 --warmup 2 --repeats 2
+
+Both PaddleOCR comparisons take ``model=ppocrv5_mobile_det`` among the overrides: then against
+PaddleOCR's ``configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml`` (its transforms; its training, from
+scratch on both sides, the parameter counts checked equal).
 """
 from __future__ import annotations
 
@@ -128,8 +132,9 @@ def main() -> None:
     ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="--pipeline: also the loader's images/s with these trainer.num_workers, e.g. 0,1,2")
     ap.add_argument("--train-against", nargs="+", default=None, metavar="WHAT",
-                    help="paddleocr PATH_TO_PADDLEOCR_SOURCE: db_det training img/s against PaddleOCR's "
-                         "tools/train.py (--steps, --warmup, --repeats; $AMPZOO_PADDLEOCR_PYTHON)")
+                    help="paddleocr PATH_TO_PADDLEOCR_SOURCE: db_det (or model=ppocrv5_mobile_det) training "
+                         "img/s against PaddleOCR's tools/train.py (--steps, --warmup, --repeats; "
+                         "$AMPZOO_PADDLEOCR_PYTHON)")
     ap.add_argument("--work", type=Path, default=None,
                     help="--train-against: folder for the data lists, config, logs (default a new temp folder)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=resnet18")
@@ -144,6 +149,12 @@ def main() -> None:
             ap.error("--train-against: expected paddleocr PATH_TO_PADDLEOCR_SOURCE")
         if args.pipeline or args.against != ["bare"]:
             ap.error("--train-against runs alone (not with --pipeline or --against)")
+        from zoo.bench.paddleocr_train import split_model
+
+        try:
+            split_model(args.overrides)
+        except ValueError as e:
+            ap.error(str(e))
         if not (Path(args.train_against[1]).expanduser() / "tools" / "train.py").is_file():
             ap.error(f"--train-against paddleocr: {args.train_against[1]} is not a PaddleOCR source tree "
                      "(no tools/train.py)")

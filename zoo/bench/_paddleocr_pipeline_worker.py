@@ -1,12 +1,16 @@
-"""Times PaddleOCR's own det_mv3_db train transforms (run by :mod:`zoo.bench.pipeline`).
+"""Times PaddleOCR's own DB train transforms (run by :mod:`zoo.bench.pipeline`).
 
-    python _paddleocr_pipeline_worker.py PADDLEOCR_SRC LABEL_FILE ROOT N CROP SEED
+    python _paddleocr_pipeline_worker.py PADDLEOCR_SRC LABEL_FILE ROOT N CROP SEED [CONFIG]
 
 Imports nothing from the zoo (it may run in a separate venv holding PaddleOCR's requirements).
-Builds the ``Train.dataset.transforms`` of ``configs/det/det_mv3_db.yml`` with PaddleOCR's
-``create_operators`` (EastRandomCropData's ``size`` set to CROP), then answers each ``run`` line on
-stdin with one JSON line: seconds per stage over the first N label lines, read as PaddleOCR's
-SimpleDataSet reads them (file bytes into ``data["image"]``, the JSON label into ``data["label"]``).
+Builds the ``Train.dataset.transforms`` of CONFIG (a path inside PADDLEOCR_SRC, default
+``configs/det/det_mv3_db.yml``) with PaddleOCR's ``create_operators`` (EastRandomCropData's ``size``
+set to CROP), then answers each ``run`` line on stdin with one JSON line: seconds per stage over the
+first N label lines, read as PaddleOCR's SimpleDataSet reads them (file bytes into
+``data["image"]``, the JSON label into ``data["label"]``). With CopyPaste among the transforms (PP-OCRv4/v5)
+each item also gets ``data["ext_data"]`` as SimpleDataSet's ``get_ext_data`` makes it: a random
+line of the whole list through the first two transforms (decode, label), drawn again while that
+gives no boxes; that time counts as "copy_paste", as the zoo's donor image does.
 
 One adaptation, for numpy >= 2.4 only: upstream's ``int(np.random.choice(axis, size=1))`` in
 ``random_crop_data.py`` raises there ("only 0-dimensional arrays can be converted"), and its
@@ -21,7 +25,8 @@ import time
 import types
 
 # DecodeImage + DetLabelEncode: read_decode; NormalizeImage + ToCHWImage (+ KeepKeys): normalize.
-STAGE_OF = {"DecodeImage": "read_decode", "DetLabelEncode": "read_decode", "IaaAugment": "augment",
+STAGE_OF = {"DecodeImage": "read_decode", "DetLabelEncode": "read_decode", "CopyPaste": "copy_paste",
+            "IaaAugment": "augment",
             "EastRandomCropData": "crop", "MakeBorderMap": "border_map", "MakeShrinkMap": "shrink_map",
             "NormalizeImage": "normalize", "ToCHWImage": "normalize", "KeepKeys": "normalize"}
 
@@ -40,14 +45,14 @@ def _numpy_24_shim(module) -> None:
     module.np = shim
 
 
-def build(src: str, crop: int):
+def build(src: str, crop: int, config: str = "configs/det/det_mv3_db.yml"):
     sys.path.insert(0, src)
     import ppocr.data.imaug.random_crop_data as rcd
     import yaml
     from ppocr.data.imaug import create_operators
 
     _numpy_24_shim(rcd)
-    with open(f"{src}/configs/det/det_mv3_db.yml", encoding="utf-8") as f:
+    with open(f"{src}/{config}", encoding="utf-8") as f:
         cfg = yaml.safe_load(f)
     transforms = cfg["Train"]["dataset"]["transforms"]
     for t in transforms:
@@ -56,12 +61,37 @@ def build(src: str, crop: int):
     return create_operators(transforms, {})
 
 
-def run_pass(ops, items, root: str) -> dict:
+def _ext_data(ops, pool, root: str) -> list:
+    """SimpleDataSet.get_ext_data: ``ext_data_num`` random lines of ``pool`` through ``ops[:2]``."""
+    import numpy as np
+
+    want = next((op.ext_data_num for op in ops if hasattr(op, "ext_data_num")), 0)
+    out = []
+    while len(out) < want:
+        rel, label = pool[np.random.randint(len(pool))]
+        with open(f"{root}/{rel}", "rb") as f:
+            data = {"img_path": f"{root}/{rel}", "label": label, "image": f.read()}
+        for op in ops[:2]:
+            data = op(data) if data is not None else None
+        if data is not None and data["polys"].shape[1] == 4:
+            out.append(data)
+    return out
+
+
+def run_pass(ops, items, root: str, pool=None) -> dict:
+    """Seconds per stage over ``items``; ``pool``: the lines CopyPaste's second image is drawn from."""
     totals: dict = {}
+    ext = any(hasattr(op, "ext_data_num") for op in ops)
     for rel, label in items:
         t = time.perf_counter()
         with open(f"{root}/{rel}", "rb") as f:
             data = {"img_path": f"{root}/{rel}", "label": label, "image": f.read()}
+        if ext:
+            now = time.perf_counter()
+            totals["read_decode"] = totals.get("read_decode", 0.0) + now - t
+            data["ext_data"] = _ext_data(ops, pool or items, root)
+            t = time.perf_counter()
+            totals["copy_paste"] = totals.get("copy_paste", 0.0) + t - now
         for op in ops:
             data = op(data)
             if data is None:
@@ -75,14 +105,16 @@ def run_pass(ops, items, root: str) -> dict:
 
 def main() -> None:
     src, label_file, root, n, crop, seed = sys.argv[1:7]
+    config = sys.argv[7] if len(sys.argv) > 7 else "configs/det/det_mv3_db.yml"
     try:
-        ops = build(src, int(crop))
+        ops = build(src, int(crop), config)
         import random
 
         import numpy as np
 
         with open(label_file, encoding="utf-8-sig") as f:
-            items = [tuple(line.rstrip("\r\n").split("\t", 1)) for line in f if line.strip()][: int(n)]
+            pool = [tuple(line.rstrip("\r\n").split("\t", 1)) for line in f if line.strip()]
+        items = pool[: int(n)]
         assert type(ops[1]).__name__ == "DetLabelEncode", [type(o).__name__ for o in ops]
         # PaddleOCR's DetLabelEncode returns None for an image without boxes (its dataset then
         # draws another image): such images are left out, and the parent leaves them out too.
@@ -101,7 +133,7 @@ def main() -> None:
         random.seed(int(seed) + passes)
         passes += 1
         try:
-            print(json.dumps(run_pass(ops, items, root)), flush=True)
+            print(json.dumps(run_pass(ops, items, root, pool)), flush=True)
         except Exception as e:  # noqa: BLE001
             print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
 

@@ -10,6 +10,9 @@ unmodified, with the one numpy >= 2.4 adaptation of the pipeline worker
 upstream's ``EastRandomCropData`` raises on numpy 2.4 whenever the text leaves more than one free
 region along an axis (``region_wise_random_select``), and its ``SimpleDataSet`` would log the
 error and silently train on another image instead (the parent counts such errors and fails).
+It also prints ``AMPZOO_PARAMS {"parameters": ..., "trainable": ...}`` for the model upstream's
+``tools/train.py`` built (read as it passes through ``apply_to_static``, which returns it unchanged
+unless ``Global.to_static``), so the parent can check both sides train the same network.
 """
 from __future__ import annotations
 
@@ -32,6 +35,18 @@ def main() -> None:
     from _paddleocr_pipeline_worker import _numpy_24_shim
 
     _numpy_24_shim(rcd)
+    import ppocr.modeling.architectures as arch
+
+    to_static = arch.apply_to_static
+
+    def counted(model, config, logger):
+        params = model.parameters()
+        print("AMPZOO_PARAMS " + json.dumps({
+            "parameters": sum(int(p.numel()) for p in params),
+            "trainable": sum(int(p.numel()) for p in params if not p.stop_gradient)}), file=sys.stderr, flush=True)
+        return to_static(model, config, logger)
+
+    arch.apply_to_static = counted  # tools/train.py imports it from there when it is run below
     train_py = os.path.join(src, "tools", "train.py")
     sys.argv = [train_py, "-c", config]
     runpy.run_path(train_py, run_name="__main__")

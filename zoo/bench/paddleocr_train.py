@@ -1,6 +1,7 @@
 """Training throughput against PaddleOCR's own ``tools/train.py`` (``tools/benchmark.py --train-against``).
 
-Both sides train DB (det_mv3_db) from scratch for ``steps`` steps on the same images: the zoo's
+Both sides train DB (det_mv3_db, or with ``model=ppocrv5_mobile_det`` among the overrides PP-OCRv5
+mobile det against ``configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml``: :data:`UPSTREAM_CONFIGS`) from scratch for ``steps`` steps on the same images: the zoo's
 ``synthetic_text`` set generated with ``num_train = steps * batch`` (image ``i`` depends only on the
 seed and ``i``, so these are the first images of the default 2000), its ``train_label.txt`` already
 in PaddleOCR's ``path\\t[{"transcription", "points"}]`` format. PaddleOCR gets a SimpleDataSet over
@@ -8,7 +9,11 @@ those files (its own label copy, ``data_dir`` the zoo's generated folder) and a 
 its ``configs/det/det_mv3_db.yml`` (:func:`write_paddleocr_config`): the zoo's crop and batch,
 Adam 1e-3 constant (upstream's), no pretrained backbone, no evaluation during the run, one epoch
 over ``steps * batch`` images (PaddleOCR counts epochs; one epoch is exactly ``steps`` iterations
-with ``drop_last`` false), ``num_workers`` 0, ``use_gpu`` false, a log line per step.
+with ``drop_last`` false), ``num_workers`` 0, ``use_gpu`` false, a log line per step. For PP-OCRv5
+the optimizer stays upstream's (Adam, cosine 1e-3 with warm-up, L2 5e-5, as the zoo's config) and
+the zoo side gets ``model.net.pretrained=null``: both start from scratch. Both sides' parameter
+counts are printed (PaddleOCR's from the model its ``tools/train.py`` built, reported by the
+launcher) and must be equal.
 
 The two commands run alternately (zoo, PaddleOCR, zoo, PaddleOCR, ...) as separate processes, each
 with ``OMP_NUM_THREADS=1`` unless already set. Training img/s is measured the same way on both
@@ -37,12 +42,18 @@ import numpy as np
 from zoo.engine.metrics_log import read_metrics
 from zoo.engine.run import build_data
 
-__all__ = ["LAUNCHER", "compose_zoo", "parse_paddleocr_log", "paddleocr_version_check", "run", "write_paddleocr_config",
-           "write_simple_dataset", "zoo_step_times", "zoo_command"]
+__all__ = ["LAUNCHER", "UPSTREAM_CONFIGS", "compose_zoo", "launcher_report", "parse_paddleocr_log",
+           "paddleocr_version_check", "run", "split_model", "write_paddleocr_config", "write_simple_dataset",
+           "zoo_step_times", "zoo_command"]
 
 LAUNCHER = Path(__file__).with_name("_paddleocr_train_launcher.py")
 ROOT = Path(__file__).resolve().parents[2]  # where the zoo package is importable from (PYTHONPATH, cwd)
-UPSTREAM_CONFIG = Path("configs") / "det" / "det_mv3_db.yml"
+# The zoo model -> PaddleOCR's config it is compared with.
+UPSTREAM_CONFIGS = {"db_det": Path("configs") / "det" / "det_mv3_db.yml",
+                    "ppocrv5_mobile_det": Path("configs") / "det" / "PP-OCRv5" / "PP-OCRv5_mobile_det.yml"}
+UPSTREAM_CONFIG = UPSTREAM_CONFIGS["db_det"]
+# Zoo-side overrides that make both sides start alike (PaddleOCR's side: pretrained_model null).
+_ZOO_START = {"db_det": [], "ppocrv5_mobile_det": ["model.net.pretrained=null"]}
 _STEP_LINE = re.compile(r"global_step: (\d+),.*?avg_batch_cost: ([0-9.]+) s")
 _PARSE_ERROR = "When parsing line"
 
@@ -72,12 +83,22 @@ def write_simple_dataset(src_root: Path, train_label: Path, val_label: Path, out
     return written
 
 
+def split_model(overrides: list[str]) -> tuple[str, list[str]]:
+    """The compared model (the last ``model=`` override, default db_det) and the other overrides."""
+    models = [o.split("=", 1)[1] for o in overrides if o.startswith("model=")]
+    model = models[-1] if models else "db_det"
+    if model not in UPSTREAM_CONFIGS:
+        raise ValueError(f"--train-against paddleocr compares {', '.join(UPSTREAM_CONFIGS)}, got model={model}")
+    return model, [o for o in overrides if not o.startswith("model=")]
+
+
 def write_paddleocr_config(source: Path, out: Path, data: dict, crop: int, batch: int, steps: int,
-                           seed: int, save_dir: Path) -> dict:
-    """Write PaddleOCR's det_mv3_db.yml with the benchmark's settings to ``out``; returns the config."""
+                           seed: int, save_dir: Path, model: str = "db_det") -> dict:
+    """Write PaddleOCR's config for ``model`` (:data:`UPSTREAM_CONFIGS`) with the benchmark's settings
+    to ``out``; returns the config."""
     import yaml
 
-    cfg = yaml.safe_load((Path(source) / UPSTREAM_CONFIG).read_text(encoding="utf-8"))
+    cfg = yaml.safe_load((Path(source) / UPSTREAM_CONFIGS[model]).read_text(encoding="utf-8"))
     g = cfg["Global"]
     g.update(use_gpu=False, epoch_num=1, print_batch_step=1, seed=int(seed),
              eval_batch_step=[steps + 1, 10 ** 9],  # first evaluation after the run's last step: never
@@ -85,8 +106,11 @@ def write_paddleocr_config(source: Path, out: Path, data: dict, crop: int, batch
              save_model_dir=str(save_dir), pretrained_model=None, checkpoints=None,
              cal_metric_during_train=False, use_visualdl=False)
     opt = cfg["Optimizer"]
-    assert opt["name"] == "Adam" and "name" not in opt["lr"], opt  # upstream's: Adam, constant LR
-    opt["lr"]["learning_rate"] = 1e-3
+    if model == "db_det":
+        assert opt["name"] == "Adam" and "name" not in opt["lr"], opt  # upstream's: Adam, constant LR
+        opt["lr"]["learning_rate"] = 1e-3
+    else:  # upstream's kept: Adam, cosine 1e-3 with warm-up, L2 5e-5 (the zoo's config has the same)
+        assert opt["name"] == "Adam" and opt["lr"].get("name") == "Cosine" and opt["lr"]["learning_rate"] == 1e-3, opt
     for mode, labels in (("Train", data["train"]), ("Eval", data["val"])):
         ds, loader = cfg[mode]["dataset"], cfg[mode]["loader"]
         ds.update(data_dir=str(data["data_dir"]), label_file_list=[str(labels)])
@@ -121,21 +145,38 @@ def images_per_s(step_s: dict, steps: int, warmup: int, batch: int) -> float:
     return (steps - warmup) * batch / sum(step_s[k] for k in range(warmup + 1, steps + 1))
 
 
-def zoo_command(train: Path, overrides: list[str], steps: int, num_train: int, run_dir: Path) -> list[str]:
+def zoo_command(train: Path, overrides: list[str], steps: int, num_train: int, run_dir: Path,
+                model: str = "db_det") -> list[str]:
     """The zoo's side: ``<train> model=db_det amp=fp32 trainer.final_eval=false ...``, ``train`` being
-    tools/train.py (tools/benchmark.py names it: this package does not reach into tools/ by path)."""
-    return [sys.executable, str(train), "model=db_det", "amp=fp32",
+    tools/train.py (tools/benchmark.py names it: this package does not reach into tools/ by path).
+    ``overrides`` without ``model=`` (:func:`split_model`)."""
+    return [sys.executable, str(train), f"model={model}", "amp=fp32",
             "trainer.final_eval=false", f"trainer.max_steps={steps}", "trainer.log_every=1",
             "trainer.progress=false", f"data.builder.num_train={num_train}", "data.builder.num_val=1",
-            *overrides, f"hydra.run.dir={run_dir}"]
+            *_ZOO_START[model], *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def launcher_report(stderr: str, key: str = "AMPZOO_PADDLE") -> dict:
+    """A JSON line ``KEY {...}`` the launcher wrote to stderr (``AMPZOO_PADDLE``: the Paddle it ran;
+    ``AMPZOO_PARAMS``: the parameter count of the model PaddleOCR built)."""
+    for line in stderr.splitlines():
+        if line.startswith(key + " "):
+            return json.loads(line.split(" ", 1)[1])
+    return {}
 
 
 def paddleocr_version_check(stderr: str) -> dict:
     """The Paddle the PaddleOCR side ran (the launcher's ``AMPZOO_PADDLE`` line)."""
-    for line in stderr.splitlines():
-        if line.startswith("AMPZOO_PADDLE "):
-            return json.loads(line.split(" ", 1)[1])
-    return {}
+    return launcher_report(stderr, "AMPZOO_PADDLE")
+
+
+def zoo_parameter_count(cfg) -> dict:
+    """Parameters of the network the zoo's command builds (its composed ``model.net``)."""
+    from hydra.utils import instantiate
+
+    params = instantiate(cfg.model.net).parameters()
+    return {"parameters": int(sum(int(np.prod(p.shape)) for p in params)),
+            "trainable": int(sum(int(np.prod(p.shape)) for p in params if not p.stop_gradient))}
 
 
 def _env() -> dict:
@@ -160,10 +201,13 @@ def compose_zoo(config_dir: str, overrides: list[str], steps: int):
     """The zoo side's config as its command composes it (two passes: the batch size sets num_train)."""
     from hydra import compose, initialize_config_dir
 
+    model, rest = split_model(overrides)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        first = compose(config_name="train", overrides=zoo_command(Path("train.py"), overrides, steps, 1, Path("x"))[2:-1])
+        first = compose(config_name="train",
+                        overrides=zoo_command(Path("train.py"), rest, steps, 1, Path("x"), model)[2:-1])
         n = steps * int(first.model.batch_size)
-        return compose(config_name="train", overrides=zoo_command(Path("train.py"), overrides, steps, n, Path("x"))[2:-1])
+        return compose(config_name="train",
+                       overrides=zoo_command(Path("train.py"), rest, steps, n, Path("x"), model)[2:-1])
 
 
 def run(config_dir: str, train: Path, source: Path, python: str, work: Path, overrides: list[str], steps: int, warmup: int,
@@ -174,13 +218,15 @@ def run(config_dir: str, train: Path, source: Path, python: str, work: Path, ove
     import paddle
 
 
+    model, rest = split_model(overrides)
     cfg = compose_zoo(config_dir, overrides, steps)
+    upstream = UPSTREAM_CONFIGS[model]
 
     source = Path(source).expanduser().resolve()
-    if not (source / "tools" / "train.py").is_file() or not (source / UPSTREAM_CONFIG).is_file():
-        raise FileNotFoundError(f"{source} is not a PaddleOCR source tree (no tools/train.py or {UPSTREAM_CONFIG})")
-    if cfg.model.name != "db_det" or cfg.data.name != "synthetic_text":
-        raise ValueError(f"--train-against paddleocr compares db_det on synthetic_text, got model={cfg.model.name} "
+    if not (source / "tools" / "train.py").is_file() or not (source / upstream).is_file():
+        raise FileNotFoundError(f"{source} is not a PaddleOCR source tree (no tools/train.py or {upstream})")
+    if cfg.model.name != model or cfg.data.name != "synthetic_text":
+        raise ValueError(f"--train-against paddleocr compares {model} on synthetic_text, got model={cfg.model.name} "
                          f"data={cfg.data.name}")
     if not 0 <= warmup < steps:
         raise ValueError(f"need 0 <= warmup < steps, got warmup {warmup}, steps {steps}")
@@ -190,12 +236,14 @@ def run(config_dir: str, train: Path, source: Path, python: str, work: Path, ove
     train_set, val_set, _ = build_data(cfg)  # generates the images (outside any timing)
     data = write_simple_dataset(train_set.root, train_set.label_file, val_set.label_file, work / "paddleocr_data", n)
     save_dir = work / "paddleocr_output"
-    pcfg = work / "det_mv3_db_bench.yml"
-    write_paddleocr_config(source, pcfg, data, crop, batch, steps, cfg.seed, save_dir)
-    commands = {"zoo": zoo_command(train, overrides, steps, n, work / "zoo_run"),
+    pcfg = work / f"{upstream.stem}_bench.yml"
+    write_paddleocr_config(source, pcfg, data, crop, batch, steps, cfg.seed, save_dir, model)
+    commands = {"zoo": zoo_command(train, rest, steps, n, work / "zoo_run", model),
                 "paddleocr": [python, str(LAUNCHER), str(source), str(pcfg)]}
     env = _env()
-    print(f"db_det fp32 training, {steps} steps of batch {batch} ({crop} px crops), {n} synthetic_text images, "
+    zoo_params = zoo_parameter_count(cfg)
+    print(f"{model} fp32 training against PaddleOCR's {upstream.as_posix()}, {steps} steps of batch {batch} "
+          f"({crop} px crops), {n} synthetic_text images, "
           f"img/s over steps {warmup + 1}-{steps}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']}; alternating "
           f"zoo / PaddleOCR x{repeats}", flush=True)
     runs = {"zoo": [], "paddleocr": []}
@@ -211,7 +259,11 @@ def run(config_dir: str, train: Path, source: Path, python: str, work: Path, ove
             else:
                 parsed = parse_paddleocr_log((save_dir / "train.log").read_text(encoding="utf-8"))
                 step_s = parsed["step_s"]
-                rec = {"dataset_errors": parsed["dataset_errors"], "paddle": paddleocr_version_check(proc.stderr)}
+                rec = {"dataset_errors": parsed["dataset_errors"], "paddle": paddleocr_version_check(proc.stderr),
+                       "params": launcher_report(proc.stderr, "AMPZOO_PARAMS")}
+                if rec["params"].get("parameters") != zoo_params["parameters"]:
+                    raise RuntimeError(f"PaddleOCR's network has {rec['params'] or '?'} parameters, the zoo's "
+                                       f"{zoo_params}: not the same network")
                 if parsed["dataset_errors"]:
                     raise RuntimeError(f"PaddleOCR's dataset failed on {parsed['dataset_errors']} samples "
                                        f"(it draws others instead); see {work / f'{side}_{rep}.log'}")
@@ -227,7 +279,8 @@ def run(config_dir: str, train: Path, source: Path, python: str, work: Path, ove
                   f"whole command {wall:.1f} s", flush=True)
     zoo = float(np.median([r["images_per_s"] for r in runs["zoo"]]))
     ref = float(np.median([r["images_per_s"] for r in runs["paddleocr"]]))
-    result = {"model": "db_det", "amp": "fp32", "data": "synthetic_text", "images": n, "batch_size": batch,
+    result = {"model": model, "paddleocr_config_source": upstream.as_posix(), "amp": "fp32",
+              "zoo_params": zoo_params, "paddleocr_params": runs["paddleocr"][0]["params"], "data": "synthetic_text", "images": n, "batch_size": batch,
               "crop_size": crop, "steps": steps, "warmup": warmup, "repeats": repeats,
               "omp_num_threads": env["OMP_NUM_THREADS"], "paddle_version": paddle.__version__,
               "zoo_images_per_s": zoo, "paddleocr_images_per_s": ref, "ratio": zoo / ref,
@@ -235,6 +288,7 @@ def run(config_dir: str, train: Path, source: Path, python: str, work: Path, ove
               "paddleocr_wall_s": float(np.median([r["wall_s"] for r in runs["paddleocr"]])),
               "runs": runs, "commands": {k: " ".join(v) for k, v in commands.items()},
               "paddleocr_config": str(pcfg)}
+    print(f"parameters: zoo {zoo_params['parameters']:,}, PaddleOCR {result['paddleocr_params']['parameters']:,}")
     print(f"training img/s (median of {repeats}): zoo {zoo:.3f}, PaddleOCR {ref:.3f}; zoo/PaddleOCR "
           f"{result['ratio']:.3f}; whole command (median) zoo {result['zoo_wall_s']:.1f} s, PaddleOCR "
           f"{result['paddleocr_wall_s']:.1f} s")

@@ -2,7 +2,9 @@
 
 The zoo's DB train pipeline is timed stage by stage exactly as :class:`TextDetDataset` runs it
 (the transform's ``clock`` hook). With ``paddleocr=PATH`` PaddleOCR's own train transforms, built
-from its ``configs/det/det_mv3_db.yml`` by its ``create_operators``, run on the same images in a
+from its ``configs/det/det_mv3_db.yml`` (``configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml`` for
+``model=ppocrv5_mobile_det``: CopyPaste first, timed as "copy_paste" on both sides, the second
+image's read included) by its ``create_operators``, run on the same images in a
 worker process (:mod:`zoo.bench._paddleocr_pipeline_worker`), alternating with the zoo pass by
 pass so drift in machine load hits both alike; the ratio is of medians over the passes.
 PaddleOCR is not a dependency: when its source or its requirements (albumentations, ...) are
@@ -49,7 +51,8 @@ def db_pass(ds: TextDetDataset, n: int, epoch: int = 0, indices=None) -> dict:
     totals: dict = {}
     for index in range(n) if indices is None else indices:
         ds.train_item(index, epoch, clock=_Clock(totals))  # exactly what the loader runs
-    return {s: totals.get(s, 0.0) for s in DB_STAGES}
+    stages = (DB_STAGES[0], "copy_paste", *DB_STAGES[1:]) if "copy_paste" in totals else DB_STAGES
+    return {s: totals.get(s, 0.0) for s in stages}
 
 
 def _path_of(ds, index: int) -> str:
@@ -79,15 +82,20 @@ def summarize(passes: list[dict], n: int) -> dict:
 
 
 class PaddleOCRWorker:
-    """PaddleOCR's det_mv3_db train transforms in a child process; ``run()`` times one pass."""
+    """PaddleOCR's DB train transforms of ``config`` (a path in its source tree) in a child process;
+    ``run()`` times one pass."""
 
-    def __init__(self, source: Path, python: str, label_file: Path, root: Path, n: int, crop: int, seed: int):
+    def __init__(self, source: Path, python: str, label_file: Path, root: Path, n: int, crop: int, seed: int,
+                 config: str = "configs/det/det_mv3_db.yml"):
         self.proc = None
         self.reason = None
         if not (Path(source) / "ppocr" / "data" / "imaug" / "__init__.py").is_file():
             self.reason = f"{source} is not a PaddleOCR source tree (no ppocr/data/imaug/)"
             return
-        cmd = [python, str(WORKER), str(source), str(label_file), str(root), str(n), str(crop), str(seed)]
+        if not (Path(source) / config).is_file():
+            self.reason = f"{source} has no {config}"
+            return
+        cmd = [python, str(WORKER), str(source), str(label_file), str(root), str(n), str(crop), str(seed), str(config)]
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
@@ -139,6 +147,14 @@ def loader_images_per_s(ds, batch_size: int, num_workers: int, steps: int, warmu
     return steps * batch_size / (time.perf_counter() - t0)
 
 
+def paddleocr_config(model: str) -> Path:
+    """PaddleOCR's config whose train transforms ``model``'s are compared with (det_mv3_db's for a
+    DB model without one of its own)."""
+    from zoo.bench.paddleocr_train import UPSTREAM_CONFIGS
+
+    return UPSTREAM_CONFIGS.get(model, UPSTREAM_CONFIGS["db_det"])
+
+
 def default_python() -> str:
     """The interpreter for PaddleOCR's side: $AMPZOO_PADDLEOCR_PYTHON, else this one."""
     return os.environ.get("AMPZOO_PADDLEOCR_PYTHON") or sys.executable
@@ -157,7 +173,8 @@ def run(cfg, train_set, images: int, passes: int, against: list, workers: list) 
             skipped = "the PaddleOCR comparison is for DB (text detection) data only"
         else:
             worker = PaddleOCRWorker(Path(against[1]).expanduser(), default_python(), train_set.label_file,
-                                     train_set.root, n, train_set.transform.crop_size, cfg.seed)
+                                     train_set.root, n, train_set.transform.crop_size, cfg.seed,
+                                     paddleocr_config(cfg.model.name).as_posix())
             if not worker.ok:
                 skipped, worker = worker.reason, None
     indices = worker.usable if worker else None  # both sides time the same images
@@ -183,6 +200,7 @@ def run(cfg, train_set, images: int, passes: int, against: list, workers: list) 
                                                                   max(1, n // cfg.model.batch_size)))
     zoo_ms = summarize(ours, n)
     result = {"pipeline": "db_train" if db else type(train_set).__name__, "model": cfg.model.name,
+              "paddleocr_config": paddleocr_config(cfg.model.name).as_posix() if worker else None,
               "data": cfg.data.name, "images": n, "passes": passes,
               "crop_size": getattr(getattr(train_set, "transform", None), "crop_size", None),
               "zoo_ms_per_image": zoo_ms, "zoo_images_per_s_per_core": 1e3 / zoo_ms["total"],
