@@ -82,6 +82,8 @@ def test_fp16_stops_at_the_floor_by_default_and_warn_says_so_in_the_closing_line
     assert (f"the loss scale fell below amp.guard.min_loss_scale={2.0**30:g} at step {below['first_step']} and "
             f"stayed under it for {below['steps']} steps, down to {below['lowest']:g}") in line
     assert f"{summary['skipped_steps']} steps skipped" in line
+    unevaluated = dict(summary, primary_metric={"name": "top1", "value": None})  # trainer.final_eval=false
+    assert result_line(unevaluated, 30).endswith(line[line.index("; the loss scale"):])
     quiet = train(tiny_cfg("amp=O1", "trainer.max_steps=4"), tmp_path / "quiet")
     assert quiet["loss_scale_below_floor"] is None and "loss scale" not in result_line(quiet, 4)
 

@@ -394,7 +394,8 @@ def result_line(summary: dict, steps: int) -> str:
     them without saying so)."""
     pm, trained = summary["primary_metric"], summary["effective_precision"]
     if pm["value"] is None:
-        return f"{pm['name']} not evaluated (trainer.final_eval=false) after {steps} steps ({trained})"
+        return (f"{pm['name']} not evaluated (trainer.final_eval=false) after {steps} steps ({trained})"
+                + _scale_note(summary))
     line = f"{pm['name']} {pm['value']:.4f} after {steps} steps ({trained})"
     own = summary.get("primary_metric_train_precision_eval")
     if pm.get("evaluated_in") == "fp32" and trained != "fp32" and own:
@@ -404,13 +405,18 @@ def result_line(summary: dict, steps: int) -> str:
         said = describe_nonfinite(summary.get(key))
         if said and not (key == "eval_numerics_fp32" and trained == "fp32"):
             line += f"; in the {where} evaluation {said} (summary.json {key})"
+    return line + _scale_note(summary)
+
+
+def _scale_note(summary: dict) -> str:
+    """What the closing line adds when amp.guard.on_min_loss_scale=warn let a run go on below the floor."""
     below = summary.get("loss_scale_below_floor")
-    if below:  # amp.guard.on_min_loss_scale=warn let the run go on: say how far the scale fell
-        line += (f"; the loss scale fell below amp.guard.min_loss_scale={below['floor']:g} at step "
-                 f"{below['first_step']} and stayed under it for {below['steps']} steps, down to "
-                 f"{below['lowest']:g}: gradients overflowed even unscaled, {summary.get('skipped_steps', 0)} "
-                 f"steps skipped (summary.json loss_scale_below_floor)")
-    return line
+    if not below:
+        return ""
+    return (f"; the loss scale fell below amp.guard.min_loss_scale={below['floor']:g} at step "
+            f"{below['first_step']} and stayed under it for {below['steps']} steps, down to "
+            f"{below['lowest']:g}: gradients overflowed even unscaled, {summary.get('skipped_steps', 0)} "
+            f"steps skipped (summary.json loss_scale_below_floor)")
 
 
 def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: Path, stop: Exception,
