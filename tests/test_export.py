@@ -120,7 +120,7 @@ def test_onnx_runs_paddle2onnx_in_a_child(tmp_path, fake_paddle2onnx):
 
 
 def test_onnx_real_resnet_matches_paddle(tmp_path):
-    """Real paddle2onnx + onnxruntime, when installed (not a project dependency)."""
+    """Real paddle2onnx + onnxruntime, when installed (the test extra installs them)."""
     pytest.importorskip("paddle2onnx", reason="paddle2onnx not installed (optional)")
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional)")
     paddle.seed(2)
