@@ -120,7 +120,7 @@ def test_onnx_runs_paddle2onnx_in_a_child(tmp_path, fake_paddle2onnx):
 
 
 def test_onnx_real_resnet_matches_paddle(tmp_path):
-    """Real paddle2onnx + onnxruntime, when installed (not a project dependency)."""
+    """Real paddle2onnx + onnxruntime, when installed (the test extra installs them)."""
     pytest.importorskip("paddle2onnx", reason="paddle2onnx not installed (optional)")
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional)")
     paddle.seed(2)
@@ -148,6 +148,37 @@ def test_onnx_real_db_matches_paddle_at_two_input_sizes(tmp_path):
         x = np.random.default_rng(1).standard_normal(shape).astype("float32")
         got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
         np.testing.assert_allclose(got, model(paddle.to_tensor(x))["maps"].numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ppocrv5_mobile_det", "ppocrv5_server_det"])
+def test_onnx_real_ppocrv5_det_matches_paddle(tmp_path, name):
+    """tools/export.py's body with export.onnx=true on PP-OCRv5's detectors (the mobile det fused to its
+    deploy form first, LKPAN's IntraCL and PFHeadLocal's upsampling in the server det): onnxruntime gives
+    the dygraph model's eval maps at two input sizes. BatchNorm statistics come from one batch
+    (tests/test_export_paddleocr.py's _calibrated): the initial ones saturate the random server det."""
+    pytest.importorskip("paddle2onnx", reason="paddle2onnx not installed (optional)")
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional)")
+    from conftest import compose
+    from test_export_paddleocr import _calibrated, _normalize, _rect_image
+
+    from zoo.export import export_from_config
+
+    model = _calibrated(name)
+    paddle.save(model.state_dict(), str(tmp_path / "w.pdparams"))
+    cfg = compose([f"model={name}", f"model.net.pretrained={tmp_path / 'w.pdparams'}", "model.net.strict=true",
+                   "export.onnx=true"], "export")
+    record = export_from_config(cfg, tmp_path / "out", log=lambda *_: None)
+    assert "inference.onnx" in record["files"], record["onnx"]
+    sess = ort.InferenceSession(str(tmp_path / "out" / "inference.onnx"), providers=["CPUExecutionProvider"])
+    model.eval()
+    rng = np.random.default_rng(1)
+    for shape in ((1, 3, 96, 128), (2, 3, 64, 160)):  # images as the calibration's (noise saturates the maps)
+        x = np.stack([_normalize(_rect_image(rng, shape[2], shape[3])[0]) for _ in range(shape[0])])
+        got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+        with paddle.no_grad():
+            want = model(paddle.to_tensor(x))["maps"].numpy()
+        assert got.shape == want.shape == (shape[0], 1, shape[2], shape[3])
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def _softmax(z):

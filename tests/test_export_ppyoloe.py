@@ -224,7 +224,7 @@ def test_ppyoloe_s_exports_and_runs(tmp_path):
 
 
 def test_onnx_matches_our_predict(tmp_path):
-    """paddle2onnx + onnxruntime, when installed (not project dependencies): NMS included."""
+    """paddle2onnx + onnxruntime, when installed (the test extra installs them): NMS included."""
     pytest.importorskip("paddle2onnx", reason="paddle2onnx not installed (optional)")
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed (optional)")
     model = _spread_ppyoloe()

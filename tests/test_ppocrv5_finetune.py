@@ -1,12 +1,14 @@
-"""experiment=ppocrv5_mobile_det_finetune: PaddleX's fine-tune recipe for PP-OCRv5_mobile_det on a
-user's own data in PaddleX's text-detection layout (issue 36 item 5).
+"""experiment=ppocrv5_mobile_det_finetune and experiment=ppocrv5_server_det_finetune: PaddleX's fine-tune
+recipes for PP-OCRv5_mobile_det and PP-OCRv5_server_det on a user's own data in PaddleX's text-detection
+layout (issue 36 item 5). What they share is configs/experiment/base/ppocrv5_det_finetune.yaml.
 
 Upstream values, cited: PaddleX paddlex/configs/modules/text_detection/PP-OCRv5_mobile_det.yaml at
-3c1bcdc (Train: epochs_iters 100, batch_size 4, learning_rate 0.001, pretrain_weight_path
-.../PP-OCRv5_mobile_det_pretrained.pdparams; device gpu:0,1,2,3), and PaddleOCR
-configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml (mirror XucroYuri/PaddleOCR-Dev main), which PaddleX
-trains with: warmup_epoch 2 (line 55), L2 5.0e-05 (58), CopyPaste (83), drop_last false (135),
-DetResizeForTest with its defaults (150: limit_side_len 736, limit_type min), eval batch 1 (172).
+3c1bcdc and PP-OCRv5_server_det.yaml at 5fd6182 (both: Train: epochs_iters 100, batch_size 4,
+learning_rate 0.001, pretrain_weight_path .../PP-OCRv5_{mobile,server}_det_pretrained.pdparams; device
+gpu:0,1,2,3), and PaddleOCR configs/det/PP-OCRv5/PP-OCRv5_mobile_det.yml and PP-OCRv5_server_det.yml
+(mirror XucroYuri/PaddleOCR-Dev main), which PaddleX trains with: warmup_epoch 2 (line 55 / 54), L2
+5.0e-05 (58) / 1e-6 (57), CopyPaste (83 / 82), drop_last false (135 / 134), DetResizeForTest with its
+defaults (150 / 149: limit_side_len 736, limit_type min), eval batch 1 (172 / 171).
 """
 from __future__ import annotations
 
@@ -17,15 +19,21 @@ import pytest
 from conftest import ROOT, run_tool
 from test_configs import compose
 
-UPSTREAM = {
+EXPERIMENTS = {"mobile": "ppocrv5_mobile_det_finetune", "server": "ppocrv5_server_det_finetune"}
+OWN = {  # what differs between the two
+    "mobile": {"model.name": "ppocrv5_mobile_det", "model.net.pretrained": "PP-OCRv5_mobile_det_pretrained",
+               "optim.optimizer.weight_decay": 5.0e-05},
+    "server": {"model.name": "ppocrv5_server_det", "model.net.pretrained": "PP-OCRv5_server_det_pretrained",
+               "optim.optimizer.weight_decay": 1.0e-06},
+}
+UPSTREAM = {  # what they share
     "trainer.epochs": 100,
     "model.batch_size": 4,
     "optim.lr": 1.0e-3,
     "optim.base_batch_size": None,          # PaddleOCR does not scale the lr with the cards
-    "model.net.pretrained": "PP-OCRv5_mobile_det_pretrained",
     "sched.warmup_epochs": 2,
+    "sched.warmup_steps": 0,
     "sched.warmup_start_factor": 0.0,       # LinearWarmup from 0
-    "optim.optimizer.weight_decay": 5.0e-05,
     "data.builder.copy_paste.objects_paste_ratio": 0.2,
     "trainer.drop_last": False,
     "data.builder.limit_side_len": 736,
@@ -44,18 +52,47 @@ def _get(cfg, dotted):
     return node
 
 
+@pytest.mark.parametrize("which", sorted(EXPERIMENTS))
 @pytest.mark.parametrize("key", sorted(UPSTREAM))
-def test_the_experiment_is_paddlex_recipe(key):
-    cfg = compose(["experiment=ppocrv5_mobile_det_finetune", "data.root=/data/x"])
+def test_the_experiment_is_paddlex_recipe(key, which):
+    cfg = compose([f"experiment={EXPERIMENTS[which]}", "data.root=/data/x"])
     assert _get(cfg, key) == UPSTREAM[key], key
 
 
-def test_the_registry_url_is_paddlex_pretrain_weight_path():
+@pytest.mark.parametrize("which", sorted(EXPERIMENTS))
+def test_each_experiment_has_its_own_model_weights_and_l2(which):
+    cfg = compose([f"experiment={EXPERIMENTS[which]}", "data.root=/data/x"])
+    for key, value in OWN[which].items():
+        assert _get(cfg, key) == value, key
+
+
+@pytest.mark.parametrize("which", sorted(EXPERIMENTS))
+def test_the_registry_url_is_paddlex_pretrain_weight_path(which):
     import yaml
 
-    entry = yaml.safe_load((ROOT / "zoo" / "weights" / "registry.yaml").read_text())["PP-OCRv5_mobile_det_pretrained"]
-    assert entry["url"] == ("https://paddle-model-ecology.bj.bcebos.com/paddlex/official_pretrained_model/"
-                            "PP-OCRv5_mobile_det_pretrained.pdparams")
+    name = OWN[which]["model.net.pretrained"]
+    entry = yaml.safe_load((ROOT / "zoo" / "weights" / "registry.yaml").read_text())[name]
+    assert entry["url"] == f"https://paddle-model-ecology.bj.bcebos.com/paddlex/official_pretrained_model/{name}.pdparams"
+    assert entry["model"] == OWN[which]["model.name"]
+
+
+@pytest.mark.parametrize("which", sorted(EXPERIMENTS))
+def test_the_composed_run_passes_validation(which, tmp_path):
+    """With a data folder the run's settings are valid: trainer.epochs sets the length (a null
+    trainer.max_steps beside it was refused before any data was read)."""
+    from zoo.engine.run import validate
+
+    validate(compose([f"experiment={EXPERIMENTS[which]}", f"data.root={tmp_path}"]))
+
+
+@pytest.mark.parametrize("which", sorted(EXPERIMENTS))
+def test_refuses_clearly_without_the_users_data(which, tmp_path):
+    base = ["tools/train.py", f"experiment={EXPERIMENTS[which]}", f"hydra.run.dir={tmp_path / 'run'}"]
+    res = run_tool(base, cwd=ROOT, timeout=300)
+    assert res.returncode == 2 and "data.root: missing mandatory value" in res.stderr, res.stderr[-2000:]
+    res = run_tool([*base, f"data.root={tmp_path / 'nowhere'}"], cwd=ROOT, timeout=300)
+    assert res.returncode == 2 and f"data.root: {tmp_path / 'nowhere'} does not exist" in res.stderr, \
+        res.stderr[-2000:]
 
 
 def _paddlex_dataset(root, n_train=6, n_val=2):
