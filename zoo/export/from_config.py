@@ -17,7 +17,7 @@ from pathlib import Path
 import paddle
 
 import zoo
-from zoo.engine.checkpoint import check_fits
+from zoo.engine.checkpoint import CheckpointError, check_fits
 from zoo.engine.from_run import resolve_weights, run_source
 from zoo.engine.run import ConfigError, announce_pretrained_fallback, build, check_numbers, seed_everything
 from zoo.engine.runinfo import git_revision, write_json
@@ -225,9 +225,32 @@ def _load(cfg):
         if not Path(value).exists():
             raise ExportError(f"{key}: {value} does not exist (a run folder, .pdckpt or .pdparams)")
         weights, source = resolve_weights(value, key)
-        check_fits(model, weights, source, f"model {cfg.model.name}")
+        model = _fitting(cfg, model, weights, source)
         model.set_state_dict(weights)
     return model, source
+
+
+def _fitting(cfg, model, weights: dict, source):
+    """``model``, or the same network built without ``model.net.pretrained`` when only that one fits
+    ``weights``: deploy-form pretrained weights switch a re-parameterisable network to its fused form
+    (ppocrv5_mobile_det's default), and the given weights, which replace the initialisation anyway, may
+    be of the training form."""
+    try:
+        check_fits(model, weights, source, f"model {cfg.model.name}")
+        return model
+    except CheckpointError:
+        if not cfg.model.net.get("pretrained"):
+            raise
+        bare_cfg = cfg.model.net.copy()
+        bare_cfg.pretrained = None
+        bare = build(bare_cfg, "model.net")
+        try:
+            check_fits(bare, weights, source, f"model {cfg.model.name}")
+        except CheckpointError:
+            pass
+        else:
+            return bare
+        raise
 
 
 def export_from_config(cfg, out_dir, log=print, report_dir=None) -> dict:
