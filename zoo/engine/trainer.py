@@ -236,15 +236,9 @@ class Trainer:
                         self.save_checkpoint()
                 except KeyboardInterrupt as again:  # a second signal while it is written
                     signum, at_once = getattr(again, "signum", req.signum), True
-                # A further signal while the line is put together would escape unrecorded and be
-                # reported as a stop outside training: the line is the run's last words, finish it.
-                with ignoring_stop_signals():
-                    stopped = self._interrupted(signum, at_once=at_once)
-                raise stopped from None
+                raise self._last_words(signum, at_once) from None
             except KeyboardInterrupt as e:  # a second signal, or one outside the handlers' reach
-                with ignoring_stop_signals():
-                    stopped = self._interrupted(getattr(e, "signum", signal.SIGINT), at_once=True)
-                raise stopped from None
+                raise self._last_words(getattr(e, "signum", signal.SIGINT), True) from None
             finally:
                 self.stop = StopRequests(enabled=False)
 
@@ -347,6 +341,12 @@ class Trainer:
                                   f"{ckpt.last_checkpoint(self.out_dir)}, resume with "
                                   "trainer.resume=auto once the file is fixed") from None
         raise err
+
+    def _last_words(self, signum: int, at_once: bool) -> TrainingInterrupted:
+        """:meth:`_interrupted` with stop signals ignored: a further signal while the line is put
+        together would escape unrecorded and be reported as a stop outside training."""
+        with ignoring_stop_signals():
+            return self._interrupted(signum, at_once=at_once)
 
     def _interrupted(self, signum: int, at_once: bool = False) -> TrainingInterrupted:
         """The stop's one line: where it stopped, the step whose checkpoint is kept, the command that
