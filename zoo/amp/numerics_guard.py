@@ -13,6 +13,10 @@ watches what the Amp component reports after every step:
   or ``warn``.
 - ``find_nonfinite_layer``: on a skipped step, name the first layer (in forward order) whose output
   was non-finite. It checks every layer's output each step, so it costs time; turn it on to debug.
+- ``restore_running_stats``: with a loss scaler, a skipped step also drops the BatchNorm running
+  statistics its forward wrote, and a step that left one non-finite gets the previous ones back
+  (zoo/amp/running_stats.py); the layers are named in a ``nonfinite_running_stats`` event. ``false``
+  keeps Paddle's behaviour (the statistics stay, whatever they hold), for comparison only.
 
 Every event goes to metrics.jsonl; the console gets one line per event for the first few, then at
 most one line every ``console_every_s`` seconds saying how many were not shown. Paddle's own
@@ -50,12 +54,16 @@ class NumericsGuard:
 
     def __init__(self, max_consecutive_skips: int = 0, min_loss_scale: float = 0.0,
                  on_min_loss_scale: str = "warn", find_nonfinite_layer: bool = False,
-                 calibration_ceiling: float = 65536.0, console_every_s: float = 10.0):
+                 calibration_ceiling: float = 65536.0, console_every_s: float = 10.0,
+                 restore_running_stats: bool = True):
         given = dict(max_consecutive_skips=max_consecutive_skips, calibration_ceiling=calibration_ceiling,
                      min_loss_scale=min_loss_scale)
         check_table(lambda key: given[key.removeprefix("amp.guard.")], prefixed("amp.guard.", SETTINGS))
         if on_min_loss_scale not in ("warn", "stop"):
             raise ValueError(f"amp.guard.on_min_loss_scale: expected warn or stop, got {on_min_loss_scale!r}")
+        if not isinstance(restore_running_stats, bool):
+            raise ValueError(f"amp.guard.restore_running_stats: expected true or false, got {restore_running_stats!r}")
+        self.restore_stats = restore_running_stats
         self.max_skips = int(max_consecutive_skips)
         self.ceiling = float(calibration_ceiling)
         self.console_every = float(console_every_s)
@@ -97,9 +105,17 @@ class NumericsGuard:
         self._first_bad = None
 
     # ---- the check after each step -----------------------------------------------------------
-    def after_step(self, step: int, stepped: bool, loss_scale: float | None, bad_params: list[str]) -> list[dict]:
-        """Record events for this step; raise :class:`NumericsGuardStop` when a limit is hit."""
+    def after_step(self, step: int, stepped: bool, loss_scale: float | None, bad_params: list[str],
+                   bad_stats: list[str] = ()) -> list[dict]:
+        """Record events for this step; raise :class:`NumericsGuardStop` when a limit is hit.
+
+        ``bad_stats``: layers whose running statistics this step's forward left non-finite
+        (:class:`zoo.amp.running_stats.RunningStats`; restored unless ``restore_running_stats`` is off).
+        """
         new = []
+        if bad_stats:
+            new.append({"step": step, "event": "nonfinite_running_stats", "layers": list(bad_stats)[:10],
+                        "restored": self.restore_stats, "stepped": stepped})
         calibrating = self.dynamic and loss_scale is not None and loss_scale > self.ceiling
         if stepped:
             self.consecutive = 0
@@ -124,6 +140,8 @@ class NumericsGuard:
         for e in new:
             if e["event"] == "skipped_step":
                 self._console(e)
+            if e["event"] == "nonfinite_running_stats":
+                self._console_stats(e)
             if e["event"] == "loss_scale_below_floor" and self.on_min == "stop":
                 raise NumericsGuardStop(
                     f"step {step}: loss scale {loss_scale:g} fell below amp.guard.min_loss_scale="
@@ -140,6 +158,18 @@ class NumericsGuard:
                 f"non-finite gradients in: {', '.join(bad_params[:10]) or 'unknown'}{where}")
         return new
 
+
+    def _console_stats(self, e: dict) -> None:
+        """The first non-finite running statistics always get a line; later ones at most one per
+        console_every_s (they come with skipped steps, whose lines say how many were not shown)."""
+        seen = sum(1 for x in self.events if x["event"] == "nonfinite_running_stats")
+        if seen > 1 and time.monotonic() - self._console_last < self.console_every:
+            return
+        what = ("restored to the step before" if e["restored"] else
+                "KEPT (amp.guard.restore_running_stats=false): evaluation will use them")
+        after = "a skipped step" if not e["stepped"] else "a step whose gradients were finite"
+        log.warning("step %d: %s left non-finite BatchNorm running statistics in %s; %s", e["step"], after,
+                    ", ".join(e["layers"]), what)
 
     def _console(self, e: dict) -> None:
         """One warning line per skipped step at first, then at most one per console_every_s."""

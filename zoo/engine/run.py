@@ -409,14 +409,27 @@ def result_line(summary: dict, steps: int) -> str:
 
 
 def _scale_note(summary: dict) -> str:
-    """What the closing line adds when amp.guard.on_min_loss_scale=warn let a run go on below the floor."""
+    """What the closing line adds about the numerics the guard watched: BatchNorm running statistics a
+    step left non-finite, and a loss scale that amp.guard.on_min_loss_scale=warn let fall below the floor."""
+    note = _stats_note(summary.get("nonfinite_running_stats"))
     below = summary.get("loss_scale_below_floor")
     if not below:
-        return ""
-    return (f"; the loss scale fell below amp.guard.min_loss_scale={below['floor']:g} at step "
+        return note
+    return note + (f"; the loss scale fell below amp.guard.min_loss_scale={below['floor']:g} at step "
             f"{below['first_step']} and stayed under it for {below['steps']} steps, down to "
             f"{below['lowest']:g}: gradients overflowed even unscaled, {summary.get('skipped_steps', 0)} "
             f"steps skipped (summary.json loss_scale_below_floor)")
+
+
+def _stats_note(stats: dict | None) -> str:
+    """What the closing line adds when a step's forward left non-finite BatchNorm running statistics."""
+    if not stats:
+        return ""
+    layers = ", ".join(stats["layers"][:4]) + (" ..." if len(stats["layers"]) > 4 else "")
+    what = ("restored each time to the step before" if stats["restored"] else
+            "KEPT (amp.guard.restore_running_stats=false), so the evaluation used them")
+    return (f"; {stats['steps']} step(s) left non-finite BatchNorm running statistics ({layers}), "
+            f"{what} (summary.json nonfinite_running_stats)")
 
 
 def _guard_stopped(cfg: DictConfig, trainer: Trainer, facts: RunFacts, out_dir: Path, stop: Exception,

@@ -81,6 +81,8 @@ class RunSummary:
     primary_metric: dict
     metrics: dict = field(default_factory=dict)
     loss_scale_below_floor: dict | None = None  # first step, steps below, lowest scale (NumericsGuard)
+    # steps whose forward left non-finite BatchNorm running statistics, their layers, whether restored
+    nonfinite_running_stats: dict | None = None
     # set by a completed run (None when the guard stopped it)
     compiled: bool | None = None
     compiled_scope: str | None = None
@@ -140,6 +142,7 @@ def _common(cfg, trainer, facts: RunFacts, out_dir: Path, status: str, wall_s: f
         final_loss_scale=amp.loss_scale, loss_scaler=amp.scaler_args if amp.scaler else None,
         guard_events=trainer.guard.events[-100:], guard_event_count=len(trainer.guard.events),
         loss_scale_below_floor=trainer.guard.below_floor,
+        nonfinite_running_stats=trainer.running_stats.summary() if trainer.running_stats is not None else None,
         paddle_version=paddle.__version__, git_revision=git_revision(), primary_metric=primary_metric,
         metrics=metrics)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from zoo.amp import Amp
 from zoo.amp.numerics_guard import NumericsGuard, NumericsGuardStop, nonfinite_grads
+from zoo.amp.running_stats import RunningStats, nonfinite_stats
 from zoo.data import SampleLoadError, TrainBatchSampler, build_loader
 from zoo.engine import checkpoint as ckpt
 from zoo.engine.compiled import training_forward
@@ -134,6 +135,11 @@ class Trainer:
         # averages the same steps as an uninterrupted run's.
         self.window = _new_window()
         self.stop = StopRequests(enabled=False)  # replaced by the live one in handling_signals()
+        # BatchNorm running statistics of a step the scaler may skip: copied before, restored after a
+        # skip or when they went non-finite (zoo/amp/running_stats.py); only where a scaler can skip
+        self.running_stats = RunningStats(dist.unwrap(model), restore=self.guard.restore_stats) \
+            if amp.scaler is not None else None
+        self.bad_stats: list[str] = []
         # autocast + forward + loss; paddle.jit.to_static around it when trainer.compile=true
         self.forward_losses = training_forward(task, model, amp, settings.compile)
 
@@ -147,7 +153,8 @@ class Trainer:
                 "rng": ckpt.rng_state(), "best": self.best, "train_time": self.train_time,
                 "wall_time": self.wall_before_resume + time.time() - self.wall_start,
                 "images_seen": self.images_seen, "config": self.config_yaml,
-                "eval_pending": self.eval_pending, "log_window": self.window}
+                "eval_pending": self.eval_pending, "log_window": self.window,
+                "running_stats": self.running_stats.summary() if self.running_stats is not None else None}
 
     def load_state_dict(self, state: dict, source: Path) -> None:
         layer = dist.unwrap(self.model)
@@ -164,6 +171,8 @@ class Trainer:
         self.wall_before_resume = float(state.get("wall_time", 0.0))  # 0 for checkpoints that predate it
         self.images_seen = int(state.get("images_seen", 0))
         self.eval_pending = bool(state.get("eval_pending", False))
+        if self.running_stats is not None and state.get("running_stats"):
+            self.running_stats.load(state["running_stats"])
         # A checkpoint from before the window was kept, taken between two log steps: the first line
         # after the resume says that it averages fewer steps (window_steps).
         saved_window = state.get("log_window")
@@ -369,13 +378,18 @@ class Trainer:
         """Forward, backward, optimizer step: the same calls whatever the precision.
 
         Returns the loss terms, whether the parameters moved, and (on a skipped step) the names of
-        the parameters whose gradients were non-finite.
+        the parameters whose gradients were non-finite. With a loss scaler, a skipped step leaves
+        the BatchNorm running statistics as they were (:attr:`running_stats`); the layers whose
+        statistics it found non-finite are in :attr:`bad_stats` for the guard.
         """
         self.guard.before_step()
+        if self.running_stats is not None:
+            self.running_stats.snapshot()
         losses = self.forward_losses(batch)  # under amp.autocast(), compiled or not
         self.amp.backward(losses["loss"])
         stepped = self.amp.step(self.optimizer)
         bad = [] if stepped else nonfinite_grads(dist.unwrap(self.model))
+        self.bad_stats = self.running_stats.after_step(stepped) if self.running_stats is not None else []
         self.optimizer.clear_grad()
         values = {k: float(v) for k, v in losses.items()}
         if not math.isfinite(values["loss"]) and self.amp.scaler is None:
@@ -390,7 +404,7 @@ class Trainer:
         """Numerics guard after each step; on a stop, save the evidence first, then find where the
         inf or NaN starts (:attr:`locate_nonfinite`, re-running the step) and say so."""
         try:
-            events = self.guard.after_step(self.step, stepped, self.amp.loss_scale, bad)
+            events = self.guard.after_step(self.step, stepped, self.amp.loss_scale, bad, self.bad_stats)
         except NumericsGuardStop as stop:
             for e in self.guard.events[-1:]:
                 self.metrics.write("guard", e["step"], **{k: v for k, v in e.items() if k != "step"})
@@ -449,6 +463,10 @@ class Trainer:
         dist.sync_buffers(model, self.ema)
         weights = self.ema.applied(model) if self.ema is not None else contextlib.nullcontext()
         with weights:
+            bad_stats = nonfinite_stats(model)  # a backstop: a scaler's skipped steps restore them
+            if bad_stats and self.main:
+                log.warning("step %d: evaluating with non-finite BatchNorm running statistics in %s: the "
+                            "metric is not the model's", self.step, ", ".join(bad_stats[:10]))
             metrics = evaluate(model, self.task, self.amp, self.val_set, self.eval_batch_size,
                                self.settings.num_workers, self.settings.progress, stop=self.stop)
             primary = metrics[self.task.primary_metric]
@@ -458,7 +476,8 @@ class Trainer:
                     ckpt.atomic_save(model.state_dict(), ckpt.best_weights(self.out_dir))
         model.train()
         numerics = metrics.numerics
-        self.metrics.write("eval", self.step, **metrics, nonfinite_images=numerics["nonfinite_images"])
+        extra = {"nonfinite_running_stats": bad_stats} if bad_stats else {}
+        self.metrics.write("eval", self.step, **metrics, nonfinite_images=numerics["nonfinite_images"], **extra)
         self.last_eval = {"step": self.step, "metrics": metrics, "numerics": numerics}
         self.phase, self.eval_pending = "training", False
         if self.main:
