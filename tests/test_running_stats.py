@@ -142,3 +142,16 @@ def test_the_guard_names_the_layers_and_checks_its_setting(caplog):
     with pytest.raises(ValueError, match="amp.guard.restore_running_stats: expected true or false"):
         NumericsGuard(restore_running_stats="yes")
     json.dumps(events)  # metrics.jsonl takes them as they are
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0),
+                    reason="needs a CUDA GPU: Paddle's own GradScaler skips the step there")
+def test_on_a_gpu_paddles_gradscaler_skip_is_dropped_whole_too(tiny_cfg, tmp_path, planted):
+    summary = train(tiny_cfg("amp=O1", "amp.on_unsupported=error", "trainer.max_steps=5"), tmp_path)
+    assert summary["effective_precision"] == "fp16-O1"  # real AMP, not the emulation
+    before, after, stepped = planted["steps"][POISONED - 1]
+    assert not stepped
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
+    assert summary["nonfinite_running_stats"]["layers"] == [planted["name"]]
