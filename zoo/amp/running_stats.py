@@ -34,10 +34,19 @@ def stat_layers(model) -> list[tuple[str, object]]:
     return found
 
 
+def _nonfinite(layers: list[tuple[str, object]]) -> list[str]:
+    """Names among ``layers`` whose running mean or variance holds inf or NaN (one device-to-host read)."""
+    if not layers:
+        return []
+    with paddle.no_grad():
+        flags = paddle.stack([paddle.isfinite(getattr(layer, s)).all() for _, layer in layers for s in STATS])
+    flags = flags.numpy()
+    return [name for i, (name, _) in enumerate(layers) if not flags[2 * i:2 * i + 2].all()]
+
+
 def nonfinite_stats(model) -> list[str]:
-    """Names of the layers whose running mean or variance holds inf or NaN (read on the host)."""
-    return [name for name, layer in stat_layers(model)
-            if not all(bool(paddle.isfinite(getattr(layer, s)).all()) for s in STATS)]
+    """Names of the layers of ``model`` whose running mean or variance holds inf or NaN."""
+    return _nonfinite(stat_layers(model))
 
 
 class RunningStats:
@@ -62,13 +71,6 @@ class RunningStats:
         with paddle.no_grad():
             self._saved = [t.clone() for t in self.tensors]
 
-    def _nonfinite(self) -> list[str]:
-        if not self.layers:
-            return []
-        with paddle.no_grad():
-            flags = paddle.stack([paddle.isfinite(t).all() for t in self.tensors]).numpy()  # one transfer
-        return [name for i, (name, _) in enumerate(self.layers) if not flags[2 * i:2 * i + 2].all()]
-
     def after_step(self, stepped: bool) -> list[str]:
         """Restore the copy when the step was skipped or a statistic went non-finite (unless
         ``restore`` is off).
@@ -79,7 +81,7 @@ class RunningStats:
         """
         if self._saved is None:
             raise RuntimeError("RunningStats.after_step without snapshot() before the step")
-        bad = self._nonfinite()
+        bad = _nonfinite(self.layers)
         if not self.restore:
             bad, self._kept_bad = [n for n in bad if n not in self._kept_bad], set(bad)
         if self.restore and (bad or not stepped):
